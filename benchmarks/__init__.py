@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m benchmarks.run`` (run from the repository root)."""

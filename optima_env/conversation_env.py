@@ -1,0 +1,344 @@
+"""ConversationEnv: one PettingZoo AEC environment for turn-based multi-agent conversations.
+
+Both task families use it: information exchange and solver/critic debate differ only in the
+task's views (prompts, private evidence, roles). Agents speak in a fixed rotation (Alice first).
+
+Conversation rules (spec §2.4, the reference code's behaviour):
+
+* A running *current answer*, initially empty. When a turn carries a non-empty answer (the task's
+  extraction), the episode **terminates** if it equals the current answer exactly; otherwise it
+  becomes the current answer. The final answer is the current answer when the episode ends.
+* After ``max_turns`` turns (default 10) the episode is **truncated**.
+* A turn of ``turn_token_cap`` tokens or more (default 2000) is replaced by the marker ``large``
+  and the episode is truncated.
+* Each turn starts with ``"Name:"``; the env adds the prefix when a reply lacks it. Token counts
+  use the policy's tokenizer on the turn text with its prefix; system prompts are not counted.
+
+Observations and actions are ``str`` in :class:`~optima_env.spaces.ConversationText`. An agent's
+observation is its system prompt and the transcript; :meth:`ConversationEnv.chat_messages` gives
+the same as chat messages for an LLM. All agents share the episode reward, paid when it ends
+(:mod:`optima_env.reward` with a fixed token normalizer; trainers re-score groups). The finished
+:class:`~optima_env.types.Episode` is in ``infos[agent]["episode"]`` and goes to the
+``optima_episode_end`` hook.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from pettingzoo import AECEnv
+
+from optima_env.errors import TaskContractError
+from optima_env.reward import LARGE_TURN_MARKER, RewardConfig, score_episode
+from optima_env.spaces import ACTION_MAX_LENGTH, OBSERVATION_MAX_LENGTH, ConversationText, TextObservation
+from optima_env.task import Task
+from optima_env.tokens import as_token_counter
+from optima_env.types import AgentView, Episode, TaskSample, Turn
+
+if TYPE_CHECKING:
+    import pluggy
+
+__all__ = ["ConversationEnv"]
+
+logger = logging.getLogger(__name__)
+
+MessageFormat = Literal["code", "alternating"]
+
+
+class ConversationEnv(AECEnv):
+    """A turn-based conversation among the task's agents about one task instance.
+
+    Args:
+        task: the task (from :func:`optima_env.make_task` or any :class:`~optima_env.task.Task`).
+        split: the data split episodes are drawn from (``train`` or ``test``).
+        max_turns: turns before truncation (spec: 10 in total, 5 per agent for two agents).
+        turn_token_cap: a turn with this many tokens or more becomes ``large`` and ends the episode.
+        tokenizer: the policy's tokenizer (or a token counter); ``None`` uses a regex approximation.
+        reward_config: weights and special cases of the episode reward.
+        token_normalizer: the constant token normalizer of the per-episode reward.
+        readability: callable mapping turn texts to per-turn LM losses (frozen base model); when
+            given, the env computes ``lm_loss`` (max over turns) at the end of each episode.
+        diverse_formats: draw one format instruction from the task's prompt pool per episode.
+        message_format: ``code``: every turn is an ``assistant`` message (reference code);
+            ``alternating``: the agent's own turns are ``assistant``, everyone else's ``user``.
+        render_mode: ``None``, ``"human"`` (print) or ``"ansi"`` (return the transcript).
+        pm: the plugin manager whose ``optima_episode_*`` hooks are fired.
+    """
+
+    metadata = {
+        "name": "optima_conversation_v0",
+        "render_modes": ["human", "ansi"],
+        "is_parallelizable": True,
+    }
+
+    def __init__(
+        self,
+        task: Task,
+        *,
+        split: str = "train",
+        max_turns: int = 10,
+        turn_token_cap: int = 2000,
+        tokenizer: Any = None,
+        reward_config: RewardConfig | None = None,
+        token_normalizer: float = 1000.0,
+        readability: Callable[[Sequence[str]], Sequence[float]] | None = None,
+        diverse_formats: bool = False,
+        message_format: MessageFormat = "code",
+        render_mode: str | None = None,
+        pm: pluggy.PluginManager | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise TaskContractError(f"max_turns must be a positive int, got {max_turns!r}")
+        if not isinstance(turn_token_cap, int) or turn_token_cap < 1:
+            raise TaskContractError(f"turn_token_cap must be a positive int, got {turn_token_cap!r}")
+        if message_format not in ("code", "alternating"):
+            raise TaskContractError(f"message_format must be 'code' or 'alternating', got {message_format!r}")
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise TaskContractError(f"render_mode must be None, 'human' or 'ansi', got {render_mode!r}")
+        if diverse_formats and task.num_formats == 0:
+            raise TaskContractError(
+                f"task {task.id!r} has no format-diverse prompt pool; pass diverse_formats=False"
+            )
+        self.task = task
+        self.split = split
+        self.max_turns = max_turns
+        self.turn_token_cap = turn_token_cap
+        self.token_counter = as_token_counter(tokenizer)
+        self.reward_config = reward_config or RewardConfig()
+        self.token_normalizer = float(token_normalizer)
+        self.readability = readability
+        self.diverse_formats = diverse_formats
+        self.message_format = message_format
+        self.render_mode = render_mode
+        self.pm = pm
+
+        self.possible_agents = list(task.agents)
+        self._action_space = ConversationText(ACTION_MAX_LENGTH)
+        self._observation_space = ConversationText(OBSERVATION_MAX_LENGTH)
+        self.agents = []
+        self._sample: TaskSample | None = None
+        self._episode: Episode | None = None
+
+    # -- spaces ---------------------------------------------------------------------------------
+    def observation_space(self, agent: str) -> ConversationText:
+        return self._observation_space
+
+    def action_space(self, agent: str) -> ConversationText:
+        return self._action_space
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None) -> None:
+        """Start a conversation.
+
+        Args:
+            seed: seeds the choice of instance (when none is given), the dealing of evidence and the
+                format drawn from the pool.
+            options: ``{"index": i}`` picks instance ``i`` of the split; ``{"sample": TaskSample}``
+                plays that instance; ``{"format_index": k}`` forces pool format ``k`` (or ``None``).
+        """
+        options = dict(options or {})
+        unknown = set(options) - {"index", "sample", "format_index"}
+        if unknown:  # PettingZoo's api_test passes arbitrary options: warn, do not fail
+            logger.warning(
+                "ignoring unknown reset options %s; expected 'index', 'sample', 'format_index'",
+                sorted(unknown),
+            )
+        rng = random.Random(seed)
+        self._seed = seed
+        if "sample" in options:
+            sample = options["sample"]
+            if not isinstance(sample, TaskSample):
+                raise TaskContractError(
+                    f"options['sample'] must be a TaskSample, got {type(sample).__name__}"
+                )
+        else:
+            samples = self.task.samples(self.split)
+            if len(samples) == 0:
+                raise TaskContractError(f"task {self.task.id!r} split {self.split!r} has no instances")
+            index = options.get("index", rng.randrange(len(samples)))
+            if not isinstance(index, int) or not 0 <= index < len(samples):
+                raise TaskContractError(
+                    f"options['index'] must be an int in [0, {len(samples)}), got {index!r}"
+                )
+            sample = samples[index]
+        if "format_index" in options:
+            format_index = options["format_index"]
+        elif self.diverse_formats:
+            format_index = rng.randrange(self.task.num_formats)
+        else:
+            format_index = None
+        if format_index is not None and not (
+            isinstance(format_index, int) and 0 <= format_index < self.task.num_formats
+        ):
+            raise TaskContractError(
+                f"format_index must be None or an int in [0, {self.task.num_formats}), got {format_index!r}"
+            )
+        views = dict(self.task.views(sample, rng=rng, format_index=format_index))
+        if set(views) != set(self.possible_agents):
+            raise TaskContractError(
+                f"task {self.task.id!r} returned views for {sorted(views)}, expected {self.possible_agents}"
+            )
+        self._sample = sample
+        self._views: dict[str, AgentView] = views
+        self._format_index = format_index
+        self._turns: list[Turn] = []
+        self._current_answer: str | None = None
+        self._episode = None
+
+        self.agents = list(self.possible_agents)
+        self.rewards = {a: 0.0 for a in self.agents}
+        self._cumulative_rewards = {a: 0.0 for a in self.agents}
+        self.terminations = {a: False for a in self.agents}
+        self.truncations = {a: False for a in self.agents}
+        self.infos = {a: {} for a in self.agents}
+        self._speaker_index = 0
+        self.agent_selection = self.agents[0]
+        if self.pm is not None:
+            self.pm.hook.optima_episode_start(task_id=self.task.id, sample_id=sample.id, seed=seed)
+
+    def observe(self, agent: str) -> str:
+        """The agent's system prompt followed by the transcript so far."""
+        view = self._views[agent]
+        lines = [view.system_prompt, ""] + [t.text for t in self._turns]
+        return TextObservation("\n".join(lines)[:OBSERVATION_MAX_LENGTH])
+
+    def chat_messages(self, agent: str) -> list[dict[str, str]]:
+        """What ``agent`` reads, as chat messages: its system prompt and every turn so far."""
+        messages = [{"role": "system", "content": self._views[agent].system_prompt}]
+        for turn in self._turns:
+            own = turn.agent == agent
+            role = "assistant" if self.message_format == "code" or own else "user"
+            messages.append({"role": role, "content": turn.text})
+        return messages
+
+    def reply_prefix(self, agent: str) -> str:
+        """The ``"Name:"`` prefix a reply must start with (empty if the task does not enforce it)."""
+        return f"{agent}:" if self.task.enforce_name_prefix else ""
+
+    @property
+    def sample(self) -> TaskSample:
+        """The instance being played."""
+        if self._sample is None:
+            raise TaskContractError("call reset() before using the environment")
+        return self._sample
+
+    @property
+    def turns(self) -> tuple[Turn, ...]:
+        """The turns so far."""
+        return tuple(self._turns)
+
+    @property
+    def episode(self) -> Episode | None:
+        """The finished episode's record, or ``None`` while it is running."""
+        return self._episode
+
+    def step(self, action: str | None) -> None:
+        """The selected agent says ``action`` (its utterance; ``None`` once the episode is over)."""
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        if not isinstance(action, str):
+            raise TaskContractError(
+                f"{agent}'s action must be a str (the utterance), got {type(action).__name__}"
+            )
+        self._cumulative_rewards[agent] = 0.0
+        text = self._with_prefix(agent, action)
+        num_tokens = self.token_counter.count(text)
+        end_reason: str | None = None
+        answer: str | None = None
+        if num_tokens >= self.turn_token_cap:
+            text = LARGE_TURN_MARKER
+            num_tokens = self.token_counter.count(text)
+            end_reason = "turn_too_long"
+        else:
+            answer = self.task.extract_answer(text) or None
+            if answer is not None:
+                if answer == self._current_answer:
+                    end_reason = "agreement"
+                self._current_answer = answer
+        self._turns.append(
+            Turn(index=len(self._turns), agent=agent, text=text, num_tokens=num_tokens, answer=answer)
+        )
+        if end_reason is None and len(self._turns) >= self.max_turns:
+            end_reason = "max_turns"
+
+        if end_reason is None:
+            for a in self.agents:
+                self.rewards[a] = 0.0
+            self._speaker_index = (self._speaker_index + 1) % len(self.agents)
+            self.agent_selection = self.agents[self._speaker_index]
+        else:
+            self._finish(end_reason)
+        self._accumulate_rewards()
+        if self.render_mode == "human":
+            print(self._turns[-1].text)
+
+    def _with_prefix(self, agent: str, text: str) -> str:
+        prefix = self.reply_prefix(agent)
+        stripped = text.strip()
+        if not prefix or stripped.startswith(prefix):
+            return stripped
+        return f"{prefix} {stripped}" if stripped else prefix
+
+    def _finish(self, end_reason: str) -> None:
+        terminated = end_reason == "agreement"
+        sample = self.sample
+        task_score = float(self.task.score(self._current_answer, sample))
+        if not 0.0 <= task_score <= 1.0:
+            raise TaskContractError(f"task {self.task.id!r} scored {task_score!r}; scores must lie in [0, 1]")
+        episode = Episode(
+            task_id=self.task.id,
+            sample_id=sample.id,
+            seed=self._seed,
+            agents=tuple(self.possible_agents),
+            turns=tuple(self._turns),
+            final_answer=self._current_answer,
+            gold=tuple(sample.answers),
+            task_score=task_score,
+            terminated=terminated,
+            truncated=not terminated,
+            end_reason=end_reason,
+            num_tokens=sum(t.num_tokens for t in self._turns),
+            system_prompts={a: v.system_prompt for a, v in self._views.items()},
+            base_system_prompts={a: v.base_system_prompt for a, v in self._views.items()},
+            format_index=self._format_index,
+            lm_loss=self._lm_loss(),
+        )
+        breakdown = score_episode(episode, config=self.reward_config, normalizer=self.token_normalizer)
+        self._episode = dataclasses.replace(episode, reward=breakdown)
+        for a in self.agents:
+            self.rewards[a] = breakdown.total
+            self.terminations[a] = terminated
+            self.truncations[a] = not terminated
+            self.infos[a] = {"episode": self._episode}
+        if self.pm is not None:
+            self.pm.hook.optima_episode_end(episode=self._episode)
+
+    def _lm_loss(self) -> float | None:
+        if self.readability is None or not self._turns:
+            return None
+        losses = list(self.readability([t.text for t in self._turns]))
+        if len(losses) != len(self._turns):
+            raise TaskContractError(
+                f"the readability scorer returned {len(losses)} losses for {len(self._turns)} turns"
+            )
+        return float(max(losses))
+
+    def render(self) -> str | None:
+        """The transcript (``ansi``), or print it (``human``)."""
+        if self.render_mode is None:
+            return None
+        transcript = "\n".join(t.text for t in getattr(self, "_turns", []))
+        if self.render_mode == "ansi":
+            return transcript
+        print(transcript)
+        return None
+
+    def close(self) -> None:
+        """Nothing to release."""

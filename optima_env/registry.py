@@ -1,0 +1,208 @@
+"""Plugin manager, task/trainer registries and ``make``.
+
+Tasks and trainers are found only through pluggy hooks. :func:`get_plugin_manager` builds a fresh
+manager (there is no global one): it adds the hookspecs and loads the ``optima`` entry-point group,
+through which the built-in task plugins are registered exactly like a third party's.
+Set ``OPTIMA_DISABLE_PLUGIN_AUTOLOAD=1`` (or pass ``autoload=False``) to skip entry points, and
+``OPTIMA_TRACE_PLUGINS=1`` to log every hook call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from optima_env import hookspecs
+from optima_env.errors import PluginError, UnknownTaskError
+
+if TYPE_CHECKING:
+    from optima_env.conversation_env import ConversationEnv
+    from optima_env.task import Task
+
+__all__ = [
+    "ReadabilitySpec",
+    "TaskSpec",
+    "TrainerSpec",
+    "get_plugin_manager",
+    "list_tasks",
+    "make",
+    "make_task",
+    "resolve_task_id",
+    "task_specs",
+    "trainer_specs",
+]
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "optima"
+_ID_PATTERN = re.compile(r"^(?:(?P<ns>[\w.-]+)/)?(?P<name>[\w.]+(?:-[a-z][\w.]*)*?)(?:-v(?P<v>\d+))?$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSpec:
+    """A registered task: an id (``namespace/name-vN``) and a factory building the task."""
+
+    id: str
+    factory: Callable[..., Task]
+    family: str
+    """``information_exchange`` or ``debate`` (free text for third-party families)."""
+    description: str = ""
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Default keyword arguments for ``factory`` (overridden by those given to ``make``)."""
+
+    def __post_init__(self) -> None:
+        if not _ID_PATTERN.match(self.id):
+            raise PluginError(
+                f"task id {self.id!r} is not of the form 'namespace/name-vN' "
+                "(letters, digits, '_', '.', '-'); rename the task"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainerSpec:
+    """A registered trainer backend (``isft``, ``idpo``, ``isft-dpo`` for the built-ins)."""
+
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadabilitySpec:
+    """A registered readability scorer factory (returns a callable turn-texts -> LM losses)."""
+
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+
+
+def get_plugin_manager(*, autoload: bool | None = None) -> pluggy.PluginManager:
+    """Build a fresh plugin manager with the optima hookspecs and the entry-point plugins.
+
+    Args:
+        autoload: load the ``optima`` entry-point group. ``None`` means yes unless the environment
+            variable ``OPTIMA_DISABLE_PLUGIN_AUTOLOAD`` is set to a non-empty value.
+    """
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    if autoload is None:
+        autoload = not os.environ.get("OPTIMA_DISABLE_PLUGIN_AUTOLOAD")
+    if autoload:
+        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    pm.check_pending()
+    if os.environ.get("OPTIMA_TRACE_PLUGINS"):
+        pm.trace.root.setwriter(lambda msg: logger.info("pluggy: %s", msg.rstrip()))
+        pm.enable_tracing()
+    return pm
+
+
+def _collect(pm: pluggy.PluginManager, hook_name: str, key: str) -> dict[str, tuple[Any, str]]:
+    """Call a ``register_*`` hook per plugin and index the results, rejecting duplicates."""
+    found: dict[str, tuple[Any, str]] = {}
+    hook = getattr(pm.hook, hook_name)
+    for impl in reversed(hook.get_hookimpls()):
+        plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
+        specs = impl.function()
+        if specs is None:
+            continue
+        if not isinstance(specs, (list, tuple)):
+            raise PluginError(
+                f"plugin {plugin_name!r}: {hook_name}() must return a list, got {type(specs).__name__}"
+            )
+        for spec in specs:
+            name = getattr(spec, key)
+            if name in found:
+                raise PluginError(
+                    f"{key} {name!r} is registered twice: by plugin {found[name][1]!r} and by "
+                    f"plugin {plugin_name!r}; uninstall or rename one of them"
+                )
+            found[name] = (spec, plugin_name)
+    return found
+
+
+def task_specs(pm: pluggy.PluginManager | None = None) -> dict[str, TaskSpec]:
+    """All registered tasks, by id."""
+    pm = pm or get_plugin_manager()
+    return {k: v[0] for k, v in sorted(_collect(pm, "optima_register_tasks", "id").items())}
+
+
+def trainer_specs(pm: pluggy.PluginManager | None = None) -> dict[str, TrainerSpec]:
+    """All registered trainer backends, by name."""
+    pm = pm or get_plugin_manager()
+    return {k: v[0] for k, v in sorted(_collect(pm, "optima_register_trainers", "name").items())}
+
+
+def list_tasks(pm: pluggy.PluginManager | None = None) -> list[str]:
+    """The ids of every registered task, sorted."""
+    return list(task_specs(pm))
+
+
+def _version(task_id: str) -> int:
+    match = _ID_PATTERN.match(task_id)
+    return int(match.group("v") or 0) if match else 0
+
+
+def _unversioned(task_id: str) -> str:
+    return re.sub(r"-v\d+$", "", task_id)
+
+
+def resolve_task_id(task_id: str, pm: pluggy.PluginManager | None = None) -> str:
+    """Resolve an id, an id without its version (latest wins), or a bare unique name.
+
+    ``"ie/synth-v0"``, ``"ie/synth"`` and ``"synth"`` all resolve to ``"ie/synth-v0"``.
+
+    Raises:
+        UnknownTaskError: nothing matches, or a bare name is ambiguous; lists what is registered.
+    """
+    specs = task_specs(pm)
+    if task_id in specs:
+        return task_id
+    candidates = [i for i in specs if _unversioned(i) == task_id]
+    if not candidates:
+        candidates = [i for i in specs if _unversioned(i).split("/")[-1] == task_id]
+        bases = {_unversioned(i) for i in candidates}
+        if len(bases) > 1:
+            raise UnknownTaskError(
+                f"task name {task_id!r} is ambiguous: it matches {sorted(candidates)}; give the full id"
+            )
+    if not candidates:
+        registered = ", ".join(specs) or "(none)"
+        raise UnknownTaskError(
+            f"no task {task_id!r}; registered: {registered}. Is the plugin installed "
+            "(`pip install -e .` registers the built-in ones through the 'optima' entry points)?"
+        )
+    return max(candidates, key=_version)
+
+
+def make_task(task_id: str, *, pm: pluggy.PluginManager | None = None, **kwargs: Any) -> Task:
+    """Build the task object of a registered task (no environment around it)."""
+    pm = pm or get_plugin_manager()
+    resolved = resolve_task_id(task_id, pm)
+    spec = task_specs(pm)[resolved]
+    task = spec.factory(**{**spec.kwargs, **kwargs})
+    task.bind(resolved)
+    return task
+
+
+def make(task_id: str, *, pm: pluggy.PluginManager | None = None, **kwargs: Any) -> ConversationEnv:
+    """Build the PettingZoo AEC environment of a registered task.
+
+    Keyword arguments that :class:`~optima_env.conversation_env.ConversationEnv` accepts (``split``,
+    ``max_turns``, ``tokenizer``, ``reward_config``, ...) configure the env; the rest go to the
+    task's factory (``num_agents``, ``data_dir``, difficulty knobs, ...).
+    """
+    from optima_env.conversation_env import ConversationEnv
+
+    pm = pm or get_plugin_manager()
+    env_params = set(inspect.signature(ConversationEnv.__init__).parameters) - {"self", "task"}
+    env_kwargs = {k: v for k, v in kwargs.items() if k in env_params}
+    task_kwargs = {k: v for k, v in kwargs.items() if k not in env_params}
+    task = make_task(task_id, pm=pm, **task_kwargs)
+    return ConversationEnv(task, pm=pm, **env_kwargs)

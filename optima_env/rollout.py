@@ -1,0 +1,152 @@
+"""Play conversations with a policy: one at a time, or many at once in batches.
+
+:func:`rollout` keeps up to ``concurrency`` episodes in flight. At every step it gathers the
+prompt of each running episode's current speaker, sends them to the policy as ONE batch, steps
+each env with its reply, and refills finished slots from the queue, so the backend always sees a
+full batch. Episodes come back in job order (instance by instance, sample by sample) whatever the
+order they finished in, and each job's seed is a pure function of ``(seed, instance, sample)``:
+with a scripted policy the result equals playing the jobs one by one with :func:`run_episode`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from optima_env.conversation_env import ConversationEnv
+from optima_env.errors import TaskContractError
+from optima_env.policy import ChatPolicy, GenerationRequest, SamplingParams
+from optima_env.task import Task
+from optima_env.types import Episode
+
+__all__ = ["RolloutJob", "job_seed", "make_jobs", "rollout", "run_episode"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutJob:
+    """One episode to play: instance ``index`` of the split, sample number ``sample``."""
+
+    index: int
+    sample: int
+    seed: int
+
+
+def job_seed(seed: int, index: int, sample: int) -> int:
+    """A stable 31-bit seed for one (instance, sample) pair.
+
+    >>> job_seed(0, 1, 2) == job_seed(0, 1, 2) != job_seed(0, 1, 3)
+    True
+    """
+    return zlib.crc32(f"{seed}/{index}/{sample}".encode()) & 0x7FFFFFFF
+
+
+def make_jobs(instances: Sequence[int], num_samples: int, seed: int) -> list[RolloutJob]:
+    """``num_samples`` jobs per instance, instance-major."""
+    if num_samples < 1:
+        raise TaskContractError(f"num_samples must be >= 1, got {num_samples!r}")
+    return [
+        RolloutJob(index=i, sample=k, seed=job_seed(seed, i, k))
+        for i in instances
+        for k in range(num_samples)
+    ]
+
+
+def _request(env: ConversationEnv, key: tuple[object, ...]) -> GenerationRequest:
+    agent = env.agent_selection
+    return GenerationRequest(
+        messages=env.chat_messages(agent), prefix=env.reply_prefix(agent), agent=agent, key=key
+    )
+
+
+def run_episode(
+    env: ConversationEnv,
+    policy: ChatPolicy,
+    *,
+    seed: int | None,
+    sampling: SamplingParams | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Episode:
+    """Play one episode to its end, one ``generate`` call per turn; returns its record."""
+    sampling = sampling or SamplingParams()
+    env.reset(seed=seed, options=options)
+    while env.episode is None:
+        request = _request(env, (seed, len(env.turns)))
+        (reply,) = policy.generate([request], sampling)
+        env.step(reply)
+    return env.episode
+
+
+def rollout(
+    task: Task,
+    policy: ChatPolicy,
+    *,
+    jobs: Sequence[RolloutJob],
+    sampling: SamplingParams | None = None,
+    concurrency: int = 32,
+    env_kwargs: Mapping[str, Any] | None = None,
+    on_episode: Callable[[int, Episode], None] | None = None,
+    progress: bool = False,
+    reset_options: Callable[[RolloutJob], Mapping[str, Any]] | None = None,
+) -> list[Episode]:
+    """Play every job, ``concurrency`` at a time, batching all pending turns per step.
+
+    Args:
+        task: the task to play (shared by every env; its data is loaded once).
+        policy: the generation backend.
+        jobs: what to play (see :func:`make_jobs`).
+        sampling: sampling parameters for every turn.
+        concurrency: episodes in flight (the policy's batch size per step, at most).
+        env_kwargs: keyword arguments of :class:`ConversationEnv` (``split``, ``tokenizer``, ...).
+        on_episode: called with ``(job position, episode)`` as each episode finishes, e.g. to
+            append it to a results file.
+        progress: show a tqdm progress bar.
+        reset_options: extra ``reset`` options per job (default: ``{"index": job.index}``).
+
+    Returns:
+        The episodes, in the order of ``jobs``.
+    """
+    if concurrency < 1:
+        raise TaskContractError(f"concurrency must be >= 1, got {concurrency!r}")
+    sampling = sampling or SamplingParams()
+    env_kwargs = dict(env_kwargs or {})
+    queue = deque(enumerate(jobs))
+    results: list[Episode | None] = [None] * len(jobs)
+    active: list[tuple[int, RolloutJob, ConversationEnv]] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), desc=f"rollout {task.id}", unit="ep")
+    try:
+        while queue or active:
+            while queue and len(active) < concurrency:
+                pos, job = queue.popleft()
+                env = ConversationEnv(task, **env_kwargs)
+                options = dict(reset_options(job)) if reset_options else {"index": job.index}
+                env.reset(seed=job.seed, options=options)
+                active.append((pos, job, env))
+            requests = [_request(env, (job.seed, len(env.turns))) for _, job, env in active]
+            replies = policy.generate(requests, sampling)
+            if len(replies) != len(requests):
+                raise TaskContractError(
+                    f"the policy returned {len(replies)} replies for {len(requests)} requests"
+                )
+            still: list[tuple[int, RolloutJob, ConversationEnv]] = []
+            for (pos, job, env), reply in zip(active, replies):
+                env.step(reply)
+                if env.episode is None:
+                    still.append((pos, job, env))
+                    continue
+                results[pos] = env.episode
+                if on_episode is not None:
+                    on_episode(pos, env.episode)
+                if bar is not None:
+                    bar.update(1)
+            active = still
+    finally:
+        if bar is not None:
+            bar.close()
+    return [e for e in results if e is not None]

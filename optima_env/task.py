@@ -1,0 +1,81 @@
+"""The task contract: what a plugin implements to become an optima environment.
+
+A task knows its data, what each agent is told, how to read an answer out of a turn and how to
+score it. It knows nothing about tokens, rewards or training: those belong to the env, reward and
+trainer layers. :class:`~optima_env.conversation_env.ConversationEnv` turns any task into a
+PettingZoo environment.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from optima_env.errors import TaskContractError
+from optima_env.types import AgentView, TaskSample
+
+__all__ = ["DEFAULT_AGENTS", "Task", "agent_names"]
+
+DEFAULT_AGENTS: tuple[str, ...] = ("Alice", "Bob", "Charlie", "Dave", "Eve", "Frank")
+
+
+def agent_names(num_agents: int) -> tuple[str, ...]:
+    """The first ``num_agents`` default agent names (Alice first).
+
+    >>> agent_names(3)
+    ('Alice', 'Bob', 'Charlie')
+    """
+    if not isinstance(num_agents, int) or not 2 <= num_agents <= len(DEFAULT_AGENTS):
+        raise TaskContractError(
+            f"num_agents must be an int from 2 to {len(DEFAULT_AGENTS)}, got {num_agents!r}"
+        )
+    return DEFAULT_AGENTS[:num_agents]
+
+
+class Task(abc.ABC):
+    """Base class of every task. Subclasses set ``agents`` and implement the abstract methods."""
+
+    family: ClassVar[str] = "information_exchange"
+    agents: tuple[str, ...] = ("Alice", "Bob")
+    """Speaking order: the first agent speaks first, then strict rotation."""
+    enforce_name_prefix: bool = True
+    """Every turn starts with ``"Name:"``; the env adds the prefix when a reply lacks it."""
+    num_formats: int = 0
+    """Size of the format-diverse prompt pool (spec §4); 0 when the task has none."""
+
+    _id: str | None = None
+
+    @property
+    def id(self) -> str:
+        """The registered id (set by ``make``/``make_task``), or the class name if unregistered."""
+        return self._id or type(self).__name__
+
+    def bind(self, task_id: str) -> None:
+        """Record the id the task was registered under (called by the registry)."""
+        self._id = task_id
+
+    @abc.abstractmethod
+    def samples(self, split: str) -> Sequence[TaskSample]:
+        """The instances of ``split`` (``train`` or ``test`` at least), in a fixed order."""
+
+    @abc.abstractmethod
+    def views(
+        self, sample: TaskSample, *, rng: random.Random, format_index: int | None = None
+    ) -> Mapping[str, AgentView]:
+        """What each agent is told for ``sample``.
+
+        Args:
+            sample: the instance.
+            rng: randomness for dealing evidence (seeded by the env, so views are reproducible).
+            format_index: index into the format-diverse prompt pool, or ``None`` for base prompts.
+        """
+
+    @abc.abstractmethod
+    def extract_answer(self, text: str) -> str | None:
+        """The answer a turn carries (e.g. the last ``<A>...</A>``), or ``None``. Never raises."""
+
+    @abc.abstractmethod
+    def score(self, answer: str | None, sample: TaskSample) -> float:
+        """The task score in [0, 1] of a final answer (``None`` = no answer was given)."""

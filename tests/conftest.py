@@ -1,0 +1,52 @@
+"""Shared fixtures: a fresh plugin manager, a tiny inline task and scripted policies."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from optima_env import get_plugin_manager
+from tests.helpers import TinyTaskPlugin
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def pm():
+    """A fresh plugin manager with the installed entry-point plugins."""
+    return get_plugin_manager()
+
+
+@pytest.fixture
+def tiny_pm():
+    """A plugin manager holding only the tiny test task (no entry points)."""
+    manager = get_plugin_manager(autoload=False)
+    plugin = TinyTaskPlugin()
+    manager.register(plugin, name="tiny-task")
+    try:
+        yield manager
+    finally:
+        manager.unregister(plugin)
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The benchmark data folder from $OPTIMA_DATA_DIR (tests needing it skip without it)."""
+    value = os.environ.get("OPTIMA_DATA_DIR")
+    if not value or not Path(value).is_dir():
+        pytest.skip("set OPTIMA_DATA_DIR to the benchmark data folder to run this test")
+    return Path(value)
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, loaded once per session."""
+    pytest.importorskip("torch")
+    from optima_env.models import load_model
+
+    return load_model("embedded")
