@@ -31,6 +31,7 @@ from optima_env.registry import (
     get_plugin_manager,
     list_tasks,
     make,
+    make_parallel,
     make_task,
     resolve_task_id,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "hookimpl",
     "list_tasks",
     "make",
+    "make_parallel",
     "make_task",
     "optima_reward",
     "resolve_task_id",

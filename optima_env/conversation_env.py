@@ -46,6 +46,8 @@ __all__ = ["ConversationEnv"]
 
 logger = logging.getLogger(__name__)
 
+_RESET_OPTIONS = frozenset({"index", "sample", "format_index", "prefix"})
+
 MessageFormat = Literal["code", "alternating"]
 
 
@@ -65,6 +67,9 @@ class ConversationEnv(AECEnv):
         diverse_formats: draw one format instruction from the task's prompt pool per episode.
         message_format: ``code``: every turn is an ``assistant`` message (reference code);
             ``alternating``: the agent's own turns are ``assistant``, everyone else's ``user``.
+        cycle_aligned: end episodes only at the end of a rotation (the agents after the one who
+            ended it pass), so that PettingZoo's ``aec_to_parallel`` can wrap the env; the episode
+            record is complete as soon as it ends either way.
         render_mode: ``None``, ``"human"`` (print) or ``"ansi"`` (return the transcript).
         pm: the plugin manager whose ``optima_episode_*`` hooks are fired.
     """
@@ -88,6 +93,7 @@ class ConversationEnv(AECEnv):
         readability: Callable[[Sequence[str]], Sequence[float]] | None = None,
         diverse_formats: bool = False,
         message_format: MessageFormat = "code",
+        cycle_aligned: bool = False,
         render_mode: str | None = None,
         pm: pluggy.PluginManager | None = None,
     ) -> None:
@@ -114,6 +120,8 @@ class ConversationEnv(AECEnv):
         self.readability = readability
         self.diverse_formats = diverse_formats
         self.message_format = message_format
+        self.cycle_aligned = cycle_aligned
+        self.metadata = {**self.metadata, "is_parallelizable": cycle_aligned}
         self.render_mode = render_mode
         self.pm = pm
 
@@ -139,14 +147,18 @@ class ConversationEnv(AECEnv):
             seed: seeds the choice of instance (when none is given), the dealing of evidence and the
                 format drawn from the pool.
             options: ``{"index": i}`` picks instance ``i`` of the split; ``{"sample": TaskSample}``
-                plays that instance; ``{"format_index": k}`` forces pool format ``k`` (or ``None``).
+                plays that instance; ``{"format_index": k}`` forces pool format ``k`` (or ``None``);
+                ``{"prefix": [text, ...]}`` replays those utterances as the first turns (same rules
+                as ``step``; used to continue a conversation from a tree node). A prefix that ends
+                the episode raises :class:`TaskContractError`.
         """
         options = dict(options or {})
-        unknown = set(options) - {"index", "sample", "format_index"}
+        unknown = set(options) - _RESET_OPTIONS
         if unknown:  # PettingZoo's api_test passes arbitrary options: warn, do not fail
             logger.warning(
-                "ignoring unknown reset options %s; expected 'index', 'sample', 'format_index'",
+                "ignoring unknown reset options %s; expected one of %s",
                 sorted(unknown),
+                sorted(_RESET_OPTIONS),
             )
         rng = random.Random(seed)
         self._seed = seed
@@ -200,6 +212,13 @@ class ConversationEnv(AECEnv):
         self.agent_selection = self.agents[0]
         if self.pm is not None:
             self.pm.hook.optima_episode_start(task_id=self.task.id, sample_id=sample.id, seed=seed)
+        for text in options.get("prefix", ()):
+            if self._episode is not None:
+                raise TaskContractError(
+                    f"the prefix has {len(options['prefix'])} turns but the episode ended after "
+                    f"{len(self._turns)}; a prefix must stop before the conversation ends"
+                )
+            self.step(text)
 
     def observe(self, agent: str) -> str:
         """The agent's system prompt followed by the transcript so far."""
@@ -248,6 +267,9 @@ class ConversationEnv(AECEnv):
                 f"{agent}'s action must be a str (the utterance), got {type(action).__name__}"
             )
         self._cumulative_rewards[agent] = 0.0
+        if self._episode is not None:  # cycle_aligned: the episode ended earlier in this cycle
+            self._advance_or_end()
+            return
         text = self._with_prefix(agent, action)
         num_tokens = self.token_counter.count(text)
         end_reason: str | None = None
@@ -268,16 +290,27 @@ class ConversationEnv(AECEnv):
         if end_reason is None and len(self._turns) >= self.max_turns:
             end_reason = "max_turns"
 
-        if end_reason is None:
+        if self.render_mode == "human":
+            print(self._turns[-1].text)
+        if end_reason is not None:
+            self._record_episode(end_reason)
+        self._advance_or_end()
+
+    def _advance_or_end(self) -> None:
+        """Pass the turn on, or pay the reward and end the episode for every agent.
+
+        With ``cycle_aligned`` the end waits for the last agent of the rotation (the agents after
+        the one who ended it only pass), as PettingZoo's ``aec_to_parallel`` requires.
+        """
+        last_in_cycle = self._speaker_index == len(self.agents) - 1
+        if self._episode is not None and (last_in_cycle or not self.cycle_aligned):
+            self._end_for_all_agents()
+        else:
             for a in self.agents:
                 self.rewards[a] = 0.0
             self._speaker_index = (self._speaker_index + 1) % len(self.agents)
             self.agent_selection = self.agents[self._speaker_index]
-        else:
-            self._finish(end_reason)
         self._accumulate_rewards()
-        if self.render_mode == "human":
-            print(self._turns[-1].text)
 
     def _with_prefix(self, agent: str, text: str) -> str:
         prefix = self.reply_prefix(agent)
@@ -286,7 +319,7 @@ class ConversationEnv(AECEnv):
             return stripped
         return f"{prefix} {stripped}" if stripped else prefix
 
-    def _finish(self, end_reason: str) -> None:
+    def _record_episode(self, end_reason: str) -> None:
         terminated = end_reason == "agreement"
         sample = self.sample
         task_score = float(self.task.score(self._current_answer, sample))
@@ -312,13 +345,18 @@ class ConversationEnv(AECEnv):
         )
         breakdown = score_episode(episode, config=self.reward_config, normalizer=self.token_normalizer)
         self._episode = dataclasses.replace(episode, reward=breakdown)
-        for a in self.agents:
-            self.rewards[a] = breakdown.total
-            self.terminations[a] = terminated
-            self.truncations[a] = not terminated
-            self.infos[a] = {"episode": self._episode}
         if self.pm is not None:
             self.pm.hook.optima_episode_end(episode=self._episode)
+
+    def _end_for_all_agents(self) -> None:
+        episode = self._episode
+        if episode is None or episode.reward is None:  # pragma: no cover - internal invariant
+            raise TaskContractError("internal error: ending an episode that has no record")
+        for a in self.agents:
+            self.rewards[a] = episode.reward.total
+            self.terminations[a] = episode.terminated
+            self.truncations[a] = episode.truncated
+            self.infos[a] = {"episode": episode}
 
     def _lm_loss(self) -> float | None:
         if self.readability is None or not self._turns:

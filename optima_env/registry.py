@@ -33,6 +33,7 @@ __all__ = [
     "get_plugin_manager",
     "list_tasks",
     "make",
+    "make_parallel",
     "make_task",
     "resolve_task_id",
     "task_specs",
@@ -206,3 +207,14 @@ def make(task_id: str, *, pm: pluggy.PluginManager | None = None, **kwargs: Any)
     task_kwargs = {k: v for k, v in kwargs.items() if k not in env_params}
     task = make_task(task_id, pm=pm, **task_kwargs)
     return ConversationEnv(task, pm=pm, **env_kwargs)
+
+
+def make_parallel(task_id: str, *, pm: pluggy.PluginManager | None = None, **kwargs: Any) -> Any:
+    """The PettingZoo ``ParallelEnv`` view of a task: ``aec_to_parallel`` over a cycle-aligned env.
+
+    One parallel step is one rotation: every agent speaks once, in order (each agent's utterance
+    is seen by the agents after it in the same rotation, as in the AEC env).
+    """
+    from pettingzoo.utils.conversions import aec_to_parallel
+
+    return aec_to_parallel(make(task_id, pm=pm, cycle_aligned=True, **kwargs))

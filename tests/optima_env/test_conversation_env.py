@@ -9,7 +9,7 @@ import pytest
 from pettingzoo.test import api_test, parallel_api_test
 from pettingzoo.utils.conversions import aec_to_parallel
 
-from optima_env import ConversationEnv, Episode, TaskContractError, list_tasks, make, make_task
+from optima_env import ConversationEnv, Episode, TaskContractError, list_tasks, make, make_parallel, make_task
 from optima_env.policy import ScriptedPolicy
 from optima_env.rollout import run_episode
 from optima_env.spaces import ConversationText
@@ -46,7 +46,20 @@ def test_api_test_passes_on_three_agents() -> None:
 
 
 def test_parallel_api_test_via_aec_to_parallel() -> None:
-    parallel_api_test(aec_to_parallel(make("ie/synth-v0")), num_cycles=100)
+    parallel_api_test(aec_to_parallel(make("ie/synth-v0", cycle_aligned=True)), num_cycles=300)
+    parallel_api_test(make_parallel("ie/synth-v0", num_agents=3), num_cycles=300)
+
+
+def test_cycle_aligned_env_ends_at_the_end_of_the_rotation() -> None:
+    env = ConversationEnv(TinyTask(num_agents=3), cycle_aligned=True)
+    env.reset(seed=0, options={"index": 0})
+    env.step("<A>Paris</A>")
+    env.step("<A>Paris</A>")  # Bob agrees: the episode is over, its record complete
+    assert env.episode is not None and len(env.episode.turns) == 2
+    assert not env.terminations["Charlie"] and env.agent_selection == "Charlie"
+    env.step("ignored")  # Charlie passes; the rotation ends and everyone is terminated
+    assert all(env.terminations.values()) and env.rewards["Alice"] == env.episode.reward.total
+    assert len(env.episode.turns) == 2
 
 
 def test_text_space_accepts_any_unicode_and_rejects_non_text() -> None:
@@ -203,3 +216,13 @@ def test_make_routes_kwargs_to_env_and_task() -> None:
     assert env.max_turns == 3
     assert env.possible_agents == ["Alice", "Bob", "Charlie"]
     assert make_task("synth", hops=3).hops == 3
+
+
+def test_reset_with_a_prefix_replays_turns_and_continues(tiny_env: ConversationEnv) -> None:
+    tiny_env.reset(seed=0, options={"index": 0, "prefix": ["hello", "<A>Paris</A>"]})
+    assert [t.text for t in tiny_env.turns] == ["Alice: hello", "Bob: <A>Paris</A>"]
+    assert tiny_env.agent_selection == "Alice" and tiny_env.episode is None
+    tiny_env.step("<A>Paris</A>")
+    assert tiny_env.episode is not None and tiny_env.episode.terminated
+    with pytest.raises(TaskContractError, match="prefix must stop before"):
+        tiny_env.reset(seed=0, options={"index": 0, "prefix": ["<A>x</A>", "<A>x</A>", "more"]})
