@@ -1,23 +1,39 @@
-"""Evaluate a multi-agent system on optima tasks and print a table of score and tokens.
+"""Evaluate baselines and trained checkpoints on optima tasks; write a paper-style report.
 
-With no arguments: the embedded task (``ie/synth-v0``) played by the embedded model
-(SmolLM2-135M-Instruct) as a 2-agent system, greedy, on a few held-out instances. Writes, under
-``--out`` (default ``results/<run name>/``):
+With no arguments (the ``smoke`` suite): the embedded task ``ie/synth-v0`` played by the embedded
+model (SmolLM2-135M-Instruct), as a single agent (CoT) and as the 2-agent system (MAD), greedy, on
+4 held-out instances. Other suites: ``paper`` (spec §8.1, for a GPU), ``scaling`` (spec §8.3) and
+``rollout`` (engine throughput); see :mod:`benchmarks.suites`, and :mod:`benchmarks.methods` for
+the methods (cot, sc, mad, autoform, and ``--checkpoint NAME=PATH``).
 
-* ``episodes.jsonl``: every episode (turns, answer, tokens, reward breakdown), appended as it ends;
-* ``results.json`` and ``results.md``: the table, with the run's configuration.
+Writes under ``--out`` (default ``results/<suite>__<model>__<seed>__<time>/``):
+
+* ``episodes.jsonl``: every episode (turns, answer, tokens, reward breakdown; ``metadata`` holds
+  method / instance / sample), appended and fsync'ed as each one ends;
+* ``results.json``: the rows, scaling curves and the run's provenance;
+* ``report.md``: the Table-1-style table, all rows, provenance; ``score_vs_tokens.png`` and
+  (scaling) ``scaling.png``; ``viewer.html``: the conversations with their reward breakdowns.
+
+Rerunning the same command with the same ``--out`` resumes: finished (method, task, instance,
+sample) units are read back and not generated again. A task whose data is missing is reported as
+``data missing: <reason>`` instead of stopping the run.
 
 Examples::
 
     python -m benchmarks.run
-    python -m benchmarks.run --task ie/synth-v0 --episodes 8 --seed 1
+    python -m benchmarks.run --task ie/synth-v0 --methods cot,sc,mad,autoform --episodes 8
+    python -m benchmarks.run --suite scaling --scaling-k 16 --out results/scaling
+    python -m benchmarks.run --checkpoint iSFT=runs/isft/iter5 --checkpoint iDPO=runs/idpo/iter5
     python -m benchmarks.run --model scripted --episodes 3     # no model: plumbing check
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import importlib
+import inspect
 import itertools
 import json
 import logging
@@ -29,66 +45,73 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optima_env import RewardConfig, make_task, resolve_task_id
-from optima_env.errors import OptimaError
-from optima_env.io import append_jsonl, write_json_atomic, write_text_atomic
-from optima_env.policy import ChatPolicy, GenerationRequest, SamplingParams, ScriptedPolicy
-from optima_env.rollout import make_jobs, rollout
+from benchmarks.methods import PlaySettings, build_methods
+from benchmarks.outputs import collect_results, write_outputs
+from benchmarks.policies import load_policy
+from benchmarks.store import EpisodeStore
+from benchmarks.suites import get_suite
+from benchmarks.units import open_task, pending_jobs, play
+from optima_env.errors import DataError, OptimaError
+from optima_env.io import write_json_atomic
 
 logger = logging.getLogger("benchmarks.run")
+
+
+class RunConfigError(OptimaError, ValueError):
+    """Raised when a run cannot start as configured (a conflicting resume, a missing suite module)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunArgs:
     """Options of one benchmark run (each becomes a ``--flag``)."""
 
-    task: str = "ie/synth-v0"
-    """Task id (or a unique name such as ``synth``)."""
+    suite: str = "smoke"
+    """Suite: smoke, paper, scaling or rollout (its defaults fill every unset flag)."""
+    task: tuple[str, ...] = ()
+    """Task id or unique name (repeatable or comma-separated; default: the suite's tasks)."""
+    methods: tuple[str, ...] = ()
+    """Methods: cot, sc, mad, autoform (repeatable or comma-separated; default: the suite's)."""
+    checkpoint: tuple[str, ...] = ()
+    """A trained model as NAME=PATH (repeatable): one row each, the multi-agent system, greedy."""
     model: str = "embedded"
-    """``embedded``, a Hugging Face model name or local folder, or ``scripted`` (no model)."""
-    episodes: int = 4
-    """Instances to evaluate (the first N of the split)."""
+    """Model of the baselines: embedded, a Hugging Face name or folder, or scripted (no model)."""
+    backend: str | None = None
+    """Generation backend: hf or vllm (default: the suite's; openai is not wired yet)."""
+    episodes: int | None = None
+    """Instances per task (the first N of the split; default: the suite's)."""
     split: str = "test"
     """Data split to evaluate on."""
     seed: int = 0
     """Seed of the episodes (evidence dealing, sampling)."""
-    max_turns: int = 6
-    """Turns per conversation before truncation (the paper uses 10)."""
-    max_new_tokens: int = 96
-    """Token cap of one generated turn."""
+    max_turns: int | None = None
+    """Turns per conversation before truncation (paper: 10; default: the suite's)."""
+    max_new_tokens: int | None = None
+    """Token cap of one generated turn (default: the suite's)."""
     temperature: float = 0.0
-    """Sampling temperature (0 = greedy, as the paper evaluates)."""
+    """Temperature of the one-sample methods (0 = greedy, as the paper evaluates)."""
+    sc_n: int | None = None
+    """Samples per instance of self-consistency (default: the suite's, 8)."""
+    sc_temperature: float = 0.7
+    """Sampling temperature of self-consistency."""
+    scaling_k: int | None = None
+    """Samples per instance in the scaling suite (paper: 50; default: the suite's)."""
+    scaling_temperature: float = 0.5
+    """Sampling temperature of the scaling suite (spec §8.3)."""
     concurrency: int = 16
     """Episodes generated together in one batch."""
     data_dir: str | None = None
     """Benchmark data folder (default: $OPTIMA_DATA_DIR)."""
     out: str | None = None
-    """Output folder (default: results/<task>__<model>__<seed>__<time>)."""
+    """Output folder (default: results/<suite>__<model>__<seed>__<time>); reuse it to resume."""
+    viewer_limit: int = 20
+    """Instances per (task, method) shown in viewer.html."""
+    threads: int | None = None
+    """CPU threads of torch (default: torch's choice; 1 is faster on a CPU shared with other jobs)."""
 
 
-def parse_args(argv: list[str] | None = None) -> RunArgs:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.run",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    docs = _field_docs()
-    for f in dataclasses.fields(RunArgs):
-        flag = "--" + f.name.replace("_", "-")
-        kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
-        parser.add_argument(
-            flag, type=kind, default=f.default, help=f"{docs.get(f.name, '')} (default: {f.default})"
-        )
-    ns = parser.parse_args(argv)
-    return RunArgs(**vars(ns))
-
-
+# -- command line ---------------------------------------------------------------------------------
 def _field_docs() -> dict[str, str]:
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(RunArgs))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    body = ast.parse(inspect.getsource(RunArgs)).body[0].body  # type: ignore[attr-defined]
     docs = {}
     for node, nxt in itertools.pairwise(body):
         if (
@@ -100,100 +123,221 @@ def _field_docs() -> dict[str, str]:
     return docs
 
 
-def _scripted_policy() -> ChatPolicy:
-    """Answers with the first fact line it holds, so episodes run end to end without a model."""
+def parse_args(argv: list[str] | None = None) -> RunArgs:
+    """Parse the command line into :class:`RunArgs` (flags from the fields and their docstrings)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    docs = _field_docs()
+    for f in dataclasses.fields(RunArgs):
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        help_text = f"{docs.get(f.name, '')} (default: {f.default})"
+        if kind.startswith("tuple"):
+            parser.add_argument(flag, action="append", default=None, metavar="VALUE", help=help_text)
+        else:
+            convert = int if kind.startswith("int") else float if kind.startswith("float") else str
+            parser.add_argument(flag, type=convert, default=f.default, help=help_text)
+    values = vars(parser.parse_args(argv))
+    for f in dataclasses.fields(RunArgs):
+        if str(f.type).startswith("tuple"):
+            given = values[f.name] or []
+            values[f.name] = tuple(v.strip() for item in given for v in item.split(",") if v.strip())
+    return RunArgs(**values)
 
-    def reply(request: GenerationRequest) -> str:
-        return "<A>unknown</A>"
 
-    return ScriptedPolicy(reply)
-
-
+# -- helpers --------------------------------------------------------------------------------------
 def _git_commit() -> str | None:
     try:
+        root = Path(__file__).resolve().parents[1]
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10, cwd=root
         )
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-def _markdown_table(rows: list[dict[str, Any]]) -> str:
-    header = "| task | method | score | mean #tokens | episodes |\n|---|---|---|---|---|\n"
-    lines = [
-        f"| {r['task']} | {r['method']} | {r['score']:.3f} | {r['mean_tokens']:.1f} | {r['episodes']} |"
-        for r in rows
-    ]
-    return header + "\n".join(lines) + "\n"
+def _command_line(args: RunArgs) -> list[str]:
+    """The command that reproduces (and resumes) this run: every flag that differs from its default."""
+    words = ["python", "-m", "benchmarks.run"]
+    for f in dataclasses.fields(RunArgs):
+        value = getattr(args, f.name)
+        if value == f.default:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        for item in value if isinstance(value, tuple) else (value,):
+            words += [flag, str(item)]
+    return words
 
 
-def run(args: RunArgs) -> dict[str, Any]:
-    """Run the benchmark and write its files; returns the results dict."""
+def _checkpoints(specs: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise RunConfigError(f"--checkpoint expects NAME=PATH (e.g. iSFT=runs/isft/iter5), got {spec!r}")
+        if name.strip() in out:
+            raise RunConfigError(f"--checkpoint name {name.strip()!r} is given twice; names label the rows")
+        out[name.strip()] = path.strip()
+    return out
+
+
+def _check_resume(out: Path, identity: dict[str, Any]) -> None:
+    path = out / "run_config.json"
+    if path.exists():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        diff = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v and k in old}
+        if diff:
+            changes = "; ".join(f"{k}: {a!r} in the folder, {b!r} now" for k, (a, b) in diff.items())
+            raise RunConfigError(
+                f"--out {out} holds a run with other generation settings ({changes}); "
+                "use another --out, or rerun with the folder's settings to resume it"
+            )
+        identity = {**old, **identity}
+    write_json_atomic(path, identity)
+
+
+def results_started(timestamp: float) -> str:
+    """A timestamp as ISO 8601 local time."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(timestamp))
+
+
+def _previous_invocations(out: Path) -> list[dict[str, Any]]:
+    """The invocations recorded by earlier runs in ``out`` (resumed runs keep their history)."""
+    try:
+        previous = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    invocations = previous.get("invocations") if isinstance(previous, dict) else None
+    return [i for i in invocations if isinstance(i, dict)] if isinstance(invocations, list) else []
+
+
+def _run_rollout_suite(args: RunArgs, out: Path) -> dict[str, Any]:
+    try:
+        rollout_bench = importlib.import_module("benchmarks.rollout_bench")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("benchmarks.rollout_bench", "benchmarks"):
+            raise
+        raise RunConfigError(
+            "--suite rollout needs the module benchmarks/rollout_bench.py (the rollout-engine "
+            "benchmark, with run_rollout_suite(out_dir=..., model=...)), which is not in this checkout"
+        ) from exc
+    wanted = {"out_dir": out, "model": args.model, "seed": args.seed}
+    params = inspect.signature(rollout_bench.run_rollout_suite).parameters
+    result = rollout_bench.run_rollout_suite(**{k: v for k, v in wanted.items() if k in params})
+    print(json.dumps(result, indent=2, default=str))
+    return result
+
+
+# -- the run --------------------------------------------------------------------------------------
+def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
+    """Run the benchmark and write its files; returns the results dict.
+
+    Args:
+        args: the options.
+        pm: the plugin manager to find tasks in (default: a fresh one with the installed plugins).
+    """
     started = time.time()
+    if args.threads is not None and args.model != "scripted":
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.data_dir:
         os.environ["OPTIMA_DATA_DIR"] = args.data_dir
-    task_id = resolve_task_id(args.task)
-    task = make_task(task_id)
-    run_name = (
-        f"{task_id.replace('/', '_')}__{Path(args.model).name}__{args.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    suite = get_suite(args.suite)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_name = f"{suite.name}__{Path(args.model).name}__{args.seed}__{stamp}"
     out = Path(args.out or Path("results") / run_name)
+    if suite.name == "rollout":
+        out.mkdir(parents=True, exist_ok=True)
+        return _run_rollout_suite(args, out)
+
+    settings = PlaySettings(
+        max_turns=args.max_turns or suite.max_turns,
+        max_new_tokens=args.max_new_tokens or suite.max_new_tokens,
+        temperature=args.temperature,
+        sc_n=args.sc_n or suite.sc_n,
+        sc_temperature=args.sc_temperature,
+        scaling_k=args.scaling_k or suite.scaling_k,
+        scaling_temperature=args.scaling_temperature,
+        seed=args.seed,
+    )
+    checkpoints = _checkpoints(args.checkpoint)
+    methods = build_methods(args.methods or suite.methods, checkpoints, settings, scaling=suite.scaling)
+    backend = args.backend or suite.backend
+    explicit = bool(args.task)
+    task_names = tuple((t,) for t in args.task) if explicit else suite.tasks
+    entries = [
+        open_task(names, explicit=explicit, suite=suite, split=args.split, episodes=args.episodes, pm=pm)
+        for names in task_names
+    ]
+
     out.mkdir(parents=True, exist_ok=True)
-
-    tokenizer = None
-    if args.model == "scripted":
-        policy = _scripted_policy()
-    else:
-        from optima_env.backends.hf import TransformersPolicy
-
-        policy = TransformersPolicy.from_pretrained(args.model, batch_size=args.concurrency)
-        tokenizer = policy.tokenizer  # type: ignore[attr-defined]
-
-    samples = task.samples(args.split)
-    count = min(args.episodes, len(samples))
-    jobs = make_jobs(range(count), num_samples=1, seed=args.seed)
-    episodes_path = out / "episodes.jsonl"
-    episodes_path.unlink(missing_ok=True)
-    env_kwargs = dict(
-        split=args.split, max_turns=args.max_turns, tokenizer=tokenizer, reward_config=RewardConfig()
-    )
-    sampling = SamplingParams(
-        temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed
-    )
-    episodes = rollout(
-        task,
-        policy,
-        jobs=jobs,
-        sampling=sampling,
-        concurrency=args.concurrency,
-        env_kwargs=env_kwargs,
-        on_episode=lambda _pos, ep: append_jsonl(episodes_path, [ep.to_dict()]),
-        progress=True,
-    )
-    method = "MAD (untrained 2-agent)" if args.model != "scripted" else "scripted"
-    row = {
-        "task": task_id,
-        "method": method,
-        "score": sum(e.task_score for e in episodes) / max(len(episodes), 1),
-        "mean_tokens": sum(e.num_tokens for e in episodes) / max(len(episodes), 1),
-        "episodes": len(episodes),
-    }
-    results = {
-        "rows": [row],
-        "config": dataclasses.asdict(args),
+    data_dir = os.environ.get("OPTIMA_DATA_DIR")
+    identity = {
         "model": args.model,
-        "git_commit": _git_commit(),
-        "wall_time_s": round(time.time() - started, 1),
+        "backend": backend,
+        "split": args.split,
+        "data_dir": data_dir,
+        "settings": {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("sc_n", "scaling_k")},
+        **{f"checkpoint:{k}": v for k, v in checkpoints.items()},
     }
-    write_json_atomic(out / "results.json", results)
-    table = _markdown_table([row])
-    write_text_atomic(
-        out / "results.md",
-        f"# Benchmark {run_name}\n\n{table}\nConfig: `{json.dumps(dataclasses.asdict(args))}`\n",
+    _check_resume(out, identity)
+    store = EpisodeStore(out / "episodes.jsonl")
+    resumed = len(store)
+
+    for model in dict.fromkeys(m.model or args.model for m in methods):
+        policy = tokenizer = None
+        for method in (m for m in methods if (m.model or args.model) == model):
+            for entry in entries:
+                jobs = pending_jobs(method, entry, store, seed=settings.seed)
+                if not jobs:
+                    continue
+                if policy is None:  # loaded only when something is left to generate
+                    policy, tokenizer = load_policy(model, backend=backend, batch_size=args.concurrency)
+                logger.info("%s on %s: %d episodes to generate", method.label, entry.task, len(jobs))
+                try:
+                    play(
+                        method, entry, jobs, policy, tokenizer, store=store, settings=settings,
+                        split=args.split, concurrency=args.concurrency, model=model,
+                    )  # fmt: skip
+                except DataError as exc:  # a lazily loaded row that is missing or malformed
+                    entry.miss(exc)
+        close = getattr(policy, "close", None)
+        if callable(close):  # e.g. a vLLM engine's worker processes
+            close()
+        del policy, tokenizer
+
+    wall = round(time.time() - started, 1)
+    results = collect_results(entries, methods, store)
+    results.update(
+        run_name=out.name,
+        suite=suite.name,
+        model=args.model,
+        backend=backend if args.model != "scripted" else "scripted",
+        token_counter="regex approximation (scripted policy)"
+        if args.model == "scripted"
+        else "the tokenizer of the model that played (len(tokenizer.tokenize(turn text)))",
+        data_dir=data_dir,
+        split=args.split,
+        settings=dataclasses.asdict(settings),
+        config=dataclasses.asdict(args),
+        git_commit=_git_commit(),
+        started=results_started(started),
+        command=_command_line(dataclasses.replace(args, out=str(out))),
+        units={"generated": len(store) - resumed, "resumed": resumed},
+        wall_time_s=wall,
+        invocations=[
+            *_previous_invocations(out),
+            {"started": results_started(started), "wall_time_s": wall, "generated": len(store) - resumed},
+        ],
     )
+    table = write_outputs(out, results, store, viewer_limit=args.viewer_limit)
     print(table)
-    print(f"wrote {out}/episodes.jsonl, results.json, results.md ({results['wall_time_s']} s)")
+    print(f"wrote {out}/ episodes.jsonl, results.json, report.md, viewer.html ({results['wall_time_s']} s)")
     return results
 
 

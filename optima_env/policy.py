@@ -1,20 +1,40 @@
 """Policies: a batch of chat prompts in, a batch of utterances out.
 
-:class:`ChatPolicy` is the one-method interface every generation backend implements
-(transformers in :mod:`optima_env.backends.hf`; vLLM and OpenAI-compatible servers build on the
-same shape). :class:`ScriptedPolicy` is the shipped fake for tests: a function from a request to
-a reply, no model involved.
+:class:`ChatPolicy` is the one-method interface every generation backend implements:
+transformers (:mod:`optima_env.backends.hf`), vLLM's offline engine (:mod:`optima_env.backends.vllm`)
+and OpenAI-compatible HTTP servers (:mod:`optima_env.backends.openai`). :class:`ScriptedPolicy` is
+the shipped fake for tests: a function from a request to a reply, no model involved.
+
+The contract every backend keeps:
+
+* one reply per request, in the order of the requests, each starting with the request's
+  ``prefix`` (the forced ``"Name:"``) followed by the model's continuation;
+* ``SamplingParams.stop`` strings cut the continuation before the first one found (the stop
+  string itself is dropped), whatever the backend's own stop semantics;
+* with ``SamplingParams.seed`` set, each request is sampled from its own seed,
+  :func:`request_seed` of ``(seed, request.key)``, where the backend allows it;
+* a failure that persists after the backend's retries raises
+  :class:`~optima_env.errors.BackendError`.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from optima_env.errors import TaskContractError
 
-__all__ = ["ChatPolicy", "GenerationRequest", "SamplingParams", "ScriptedPolicy"]
+__all__ = [
+    "ChatPolicy",
+    "GenerationRequest",
+    "SamplingParams",
+    "ScriptedPolicy",
+    "finish_reply",
+    "request_seed",
+    "speaker_stops",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +48,11 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int | None = None
+    """Base seed; each request gets :func:`request_seed` of it and the request's key."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: the continuation is cut before the first one (e.g. :func:`speaker_stops`)."""
+    ignore_eos: bool = False
+    """Generate exactly ``max_new_tokens`` tokens (end-of-sequence suppressed): for benchmarks."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -36,6 +61,15 @@ class SamplingParams:
             raise TaskContractError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise TaskContractError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
+            raise TaskContractError(
+                f"stop must be a tuple of non-empty strings, got {self.stop!r}; e.g. stop=('Bob:',)"
+            )
+
+    @property
+    def greedy(self) -> bool:
+        """Whether this is greedy decoding (``temperature == 0``)."""
+        return self.temperature == 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,7 +83,7 @@ class GenerationRequest:
     prefix: str = ""
     agent: str = ""
     key: tuple[object, ...] = field(default=())
-    """Opaque identity of the request (e.g. (job, turn)); backends may use it to derive seeds."""
+    """Opaque identity of the request (e.g. (job seed, turn)); backends derive per-request seeds from it."""
 
 
 @runtime_checkable
@@ -59,6 +93,44 @@ class ChatPolicy(Protocol):
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[str]:
         """One utterance per request, each starting with the request's ``prefix``."""
         ...
+
+
+def request_seed(seed: int, key: tuple[object, ...]) -> int:
+    """The sampling seed of one request: a stable 31-bit function of the base seed and its key.
+
+    It does not depend on which other requests share the batch, so a backend that seeds each
+    request on its own samples the same text whatever the batch composition.
+
+    >>> request_seed(0, (5, 1)) == request_seed(0, (5, 1)) != request_seed(1, (5, 1))
+    True
+    """
+    return zlib.crc32(f"{seed}/{key!r}".encode()) & 0x7FFFFFFF
+
+
+def speaker_stops(agents: Sequence[str]) -> tuple[str, ...]:
+    """Stop strings that end a turn when the speaker starts writing any agent's ``"Name:"`` tag.
+
+    A turn that contains another agent's tag (or its own twice) impersonates (spec §3); stopping
+    there saves the tokens instead of penalizing them afterwards.
+
+    >>> speaker_stops(["Alice", "Bob"])
+    ('Alice:', 'Bob:')
+    """
+    return tuple(f"{a}:" for a in agents)
+
+
+def finish_reply(prefix: str, continuation: str, stop: Sequence[str] = ()) -> str:
+    """``prefix + continuation``, the continuation cut before the first stop string.
+
+    >>> finish_reply("Alice:", " I know X. Bob: hi", ("Bob:",))
+    'Alice: I know X. '
+    """
+    cut = len(continuation)
+    for s in stop:
+        at = continuation.find(s)
+        if 0 <= at < cut:
+            cut = at
+    return prefix + continuation[:cut]
 
 
 class ScriptedPolicy:
@@ -85,7 +157,8 @@ class ScriptedPolicy:
                 raise TaskContractError(f"scripted reply must be a str, got {type(text).__name__}")
             if request.prefix and not text.startswith(request.prefix):
                 text = f"{request.prefix} {text}"
-            out.append(text)
+            prefix = request.prefix if text.startswith(request.prefix) else ""
+            out.append(finish_reply(prefix, text[len(prefix) :], sampling.stop))
         return out
 
     @classmethod

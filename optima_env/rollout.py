@@ -6,10 +6,22 @@ each env with its reply, and refills finished slots from the queue, so the backe
 full batch. Episodes come back in job order (instance by instance, sample by sample) whatever the
 order they finished in, and each job's seed is a pure function of ``(seed, instance, sample)``:
 with a scripted policy the result equals playing the jobs one by one with :func:`run_episode`.
+
+How the batch is served is the backend's business: transformers generates it as padded batches
+(with a KV cache reused across turns), vLLM schedules it with continuous batching, and the
+OpenAI-compatible client sends it as concurrent HTTP requests.
+
+Failures: when the policy raises (an HTTP backend gives up after its retries, a model runs out of
+memory, ...), :func:`rollout` raises :class:`RolloutError`, a
+:class:`~optima_env.errors.BackendError` that keeps every episode finished so far
+(``err.finished``, by job position; they were also passed to ``on_episode``) and lists the jobs
+still to play (``err.pending``), so a caller can save the work and resume with
+``jobs=[jobs[i] for i in err.pending]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -17,12 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from optima_env.conversation_env import ConversationEnv
-from optima_env.errors import TaskContractError
-from optima_env.policy import ChatPolicy, GenerationRequest, SamplingParams
+from optima_env.errors import BackendError, TaskContractError
+from optima_env.policy import ChatPolicy, GenerationRequest, SamplingParams, speaker_stops
 from optima_env.task import Task
 from optima_env.types import Episode
 
-__all__ = ["RolloutJob", "job_seed", "make_jobs", "rollout", "run_episode"]
+__all__ = ["RolloutError", "RolloutJob", "job_seed", "make_jobs", "rollout", "run_episode"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +44,25 @@ class RolloutJob:
     index: int
     sample: int
     seed: int
+
+
+class RolloutError(BackendError):
+    """The policy failed during :func:`rollout`; the episodes finished before it are kept.
+
+    Attributes:
+        finished: ``{job position: Episode}`` of every episode that ended before the failure.
+        pending: positions of the jobs that did not finish (in flight or not started), sorted.
+    """
+
+    def __init__(self, message: str, *, finished: Mapping[int, Episode], pending: Sequence[int]) -> None:
+        super().__init__(message)
+        self.finished: dict[int, Episode] = dict(sorted(finished.items()))
+        self.pending: list[int] = sorted(pending)
+
+    @property
+    def episodes(self) -> list[Episode]:
+        """The finished episodes, in job order."""
+        return list(self.finished.values())
 
 
 def job_seed(seed: int, index: int, sample: int) -> int:
@@ -90,6 +121,8 @@ def rollout(
     on_episode: Callable[[int, Episode], None] | None = None,
     progress: bool = False,
     reset_options: Callable[[RolloutJob], Mapping[str, Any]] | None = None,
+    stop_at_speaker_tags: bool = False,
+    request_key: Callable[[RolloutJob, int], tuple[object, ...]] | None = None,
 ) -> list[Episode]:
     """Play every job, ``concurrency`` at a time, batching all pending turns per step.
 
@@ -104,16 +137,28 @@ def rollout(
             append it to a results file.
         progress: show a tqdm progress bar.
         reset_options: extra ``reset`` options per job (default: ``{"index": job.index}``).
+        stop_at_speaker_tags: end a turn where the speaker starts writing an agent's ``"Name:"``
+            tag (impersonation, spec §3) instead of generating it; off by default, as in the
+            reference code, which lets the reward penalize it.
+        request_key: the key of a job's request at a given turn, from which seeded backends
+            derive its sampling seed (default ``(job.seed, turn)``); jobs that share an env seed
+            (the rollouts of one MCTS tree see the same evidence) need distinct keys to differ.
 
     Returns:
         The episodes, in the order of ``jobs``.
+
+    Raises:
+        RolloutError: the policy failed; the error carries the episodes finished before it.
     """
     if concurrency < 1:
         raise TaskContractError(f"concurrency must be >= 1, got {concurrency!r}")
     sampling = sampling or SamplingParams()
+    if stop_at_speaker_tags:
+        extra = tuple(s for s in speaker_stops(task.agents) if s not in sampling.stop)
+        sampling = dataclasses.replace(sampling, stop=sampling.stop + extra)
     env_kwargs = dict(env_kwargs or {})
     queue = deque(enumerate(jobs))
-    results: list[Episode | None] = [None] * len(jobs)
+    finished: dict[int, Episode] = {}
     active: list[tuple[int, RolloutJob, ConversationEnv]] = []
     bar = None
     if progress:
@@ -128,19 +173,18 @@ def rollout(
                 options = dict(reset_options(job)) if reset_options else {"index": job.index}
                 env.reset(seed=job.seed, options=options)
                 active.append((pos, job, env))
-            requests = [_request(env, (job.seed, len(env.turns))) for _, job, env in active]
-            replies = policy.generate(requests, sampling)
-            if len(replies) != len(requests):
-                raise TaskContractError(
-                    f"the policy returned {len(replies)} replies for {len(requests)} requests"
-                )
+            requests = [
+                _request(env, request_key(job, len(env.turns)) if request_key else (job.seed, len(env.turns)))
+                for _, job, env in active
+            ]
+            replies = _generate(policy, requests, sampling, finished, total=len(jobs))
             still: list[tuple[int, RolloutJob, ConversationEnv]] = []
             for (pos, job, env), reply in zip(active, replies):
                 env.step(reply)
                 if env.episode is None:
                     still.append((pos, job, env))
                     continue
-                results[pos] = env.episode
+                finished[pos] = env.episode
                 if on_episode is not None:
                     on_episode(pos, env.episode)
                 if bar is not None:
@@ -149,4 +193,35 @@ def rollout(
     finally:
         if bar is not None:
             bar.close()
-    return [e for e in results if e is not None]
+    return [finished[pos] for pos in range(len(jobs))]
+
+
+def _generate(
+    policy: ChatPolicy,
+    requests: list[GenerationRequest],
+    sampling: SamplingParams,
+    finished: Mapping[int, Episode],
+    *,
+    total: int,
+) -> list[str]:
+    """One batch through the policy; any failure becomes a :class:`RolloutError` keeping ``finished``."""
+    pending = [pos for pos in range(total) if pos not in finished]
+    try:
+        replies = policy.generate(requests, sampling)
+    except Exception as exc:
+        raise RolloutError(
+            f"the policy failed on a batch of {len(requests)} requests ({type(exc).__name__}: {exc}); "
+            f"{len(finished)} of {total} episodes had finished and are kept in the error's .finished "
+            f"(and were passed to on_episode); play the {len(pending)} jobs in .pending again to resume",
+            finished=finished,
+            pending=pending,
+        ) from exc
+    if not isinstance(replies, list) or len(replies) != len(requests):
+        got = len(replies) if isinstance(replies, list) else type(replies).__name__
+        raise RolloutError(
+            f"the policy must return a list of {len(requests)} replies (one per request), got {got}; "
+            f"{len(finished)} finished episodes are kept in .finished",
+            finished=finished,
+            pending=pending,
+        )
+    return replies

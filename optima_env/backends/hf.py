@@ -1,22 +1,39 @@
-"""Hugging Face transformers backend: batched chat generation on CPU or GPU.
+"""Hugging Face transformers backend: batched chat generation on CPU or GPU, fp32 or bf16.
 
-Prompts are rendered with the tokenizer's chat template, the forced reply prefix (``"Alice:"``) is
-appended after the generation prompt, prompts are sorted by length and generated in left-padded
-batches, and the continuation is returned after the prefix. With ``SamplingParams.seed`` set, the
-sampling of a batch is seeded from that seed and the requests' keys, so the same batch gives the
-same text.
+Prompts are rendered with the tokenizer's chat template and the forced reply prefix
+(``"Alice:"``) is appended after the generation prompt; the continuation is returned after the
+prefix. Prompts are sorted by length and generated in batches of ``batch_size``.
+
+Two decoding paths:
+
+* **fast** (default for Llama-like models, :func:`~optima_env.backends._kv.fast_path_supported`):
+  a decode loop of its own over a preallocated KV buffer with grouped-query attention, which
+  prefills only what is new since the longest cached prefix (:class:`~optima_env.backends._kv.PrefixCache`:
+  a conversation's earlier turns and the system prompt that samples of one instance share), drops
+  finished rows from the batch, and seeds each request on its own (:func:`~optima_env.policy.request_seed`),
+  so a seeded request samples the same text whatever else is in its batch (up to floating-point
+  differences between batch shapes).
+* **generate**: transformers' ``model.generate`` on left-padded batches (any model; the batch is
+  seeded as a whole).
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from optima_env.errors import BackendError, require
-from optima_env.policy import GenerationRequest, SamplingParams
+import numpy as np
 
-__all__ = ["TransformersPolicy", "render_prompt"]
+from optima_env.backends import _kv
+from optima_env.backends._kv import decode_roofline
+from optima_env.errors import BackendError, TaskContractError, require
+from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
+
+__all__ = ["DecodeStats", "TransformersPolicy", "decode_roofline", "render_prompt"]
+
+_NEG = _kv.NEG
 
 
 def render_prompt(tokenizer: Any, request: GenerationRequest) -> str:
@@ -33,61 +50,345 @@ def render_prompt(tokenizer: Any, request: GenerationRequest) -> str:
     return text + request.prefix
 
 
+@dataclass(kw_only=True)
+class DecodeStats:
+    """Running totals of one :class:`TransformersPolicy` (reset by assigning a new one)."""
+
+    requests: int = 0
+    """Requests answered."""
+    prompt_tokens: int = 0
+    """Tokens of the rendered prompts."""
+    prefilled_tokens: int = 0
+    """Prompt tokens run through the model (the rest came from the prefix cache; fast path)."""
+    generated_tokens: int = 0
+    """Tokens generated, end-of-sequence tokens included."""
+    forward_passes: int = 0
+    """Model forward calls (prefill and decode steps; fast path)."""
+
+
 class TransformersPolicy:
     """A :class:`~optima_env.policy.ChatPolicy` over a transformers causal LM.
 
     Args:
-        model: a ``PreTrainedModel`` (eval mode).
+        model: a ``PreTrainedModel`` (eval mode), on any device, fp32 or bf16.
         tokenizer: its tokenizer (padding side is forced to ``left``).
-        batch_size: prompts per ``generate`` call.
+        batch_size: prompts per forward batch.
+        fast: use the fast decode loop (``None``: when the model supports it); ``False`` uses
+            ``model.generate``.
+        prefix_cache_mb: memory for KV states kept across calls (fast path; 0 turns it off).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 32) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        batch_size: int = 32,
+        fast: bool | None = None,
+        prefix_cache_mb: int = 2048,
+    ) -> None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise TaskContractError(f"batch_size must be an int >= 1, got {batch_size!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.batch_size = batch_size
+        supported = _kv.fast_path_supported(model)
+        if fast and not supported:
+            raise TaskContractError(
+                f"the fast decode path supports {sorted(_kv.SUPPORTED_MODEL_TYPES)} with full attention, "
+                f"got model_type {getattr(model.config, 'model_type', None)!r}; pass fast=None or False"
+            )
+        self.fast = supported if fast is None else fast
+        self.prefix_cache: _kv.PrefixCache | None = None
+        if self.fast and prefix_cache_mb > 0:
+            layers, kv_heads, head_dim = _kv.kv_geometry(model)
+            per_token = layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
+            self.prefix_cache = _kv.PrefixCache(max_tokens=prefix_cache_mb * 2**20 // per_token)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.stats = DecodeStats()
+        self._weights: tuple[int, ...] = ()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "embedded", **kwargs: Any) -> TransformersPolicy:
-        """Load a model with :func:`optima_env.models.load_model` and wrap it."""
+        """Load a model with :func:`optima_env.models.load_model` (``dtype``, ``device``) and wrap it."""
         from optima_env.models import load_model
 
-        batch_size = kwargs.pop("batch_size", 32)
+        own = {k: kwargs.pop(k) for k in ("batch_size", "fast", "prefix_cache_mb") if k in kwargs}
         model, tokenizer = load_model(name_or_path, **kwargs)
-        return cls(model, tokenizer, batch_size=batch_size)
+        return cls(model, tokenizer, **own)
+
+    # -- public ---------------------------------------------------------------------------------
+    def clear_cache(self) -> None:
+        """Drop the KV states kept across calls (done automatically when the weights change)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    def _check_weights(self) -> None:
+        """Clear the prefix cache when the model's parameters were replaced or updated in place.
+
+        Optimizer steps, ``load_state_dict`` and adapter changes all bump the parameters' version
+        counters or change the parameter set; writes through ``param.data`` do not (call
+        :meth:`clear_cache` after those).
+        """
+        params = list(self.model.parameters())
+        weights = (len(params), sum(id(p) for p in params), sum(p._version for p in params))
+        if weights != self._weights:
+            self.clear_cache()
+            self._weights = weights
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[str]:
-        torch = require("torch", "train")
+        if not requests:
+            return []
         prompts = [render_prompt(self.tokenizer, r) for r in requests]
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        self.stats.requests += len(ids)
+        self.stats.prompt_tokens += sum(len(x) for x in ids)
+        order = sorted(range(len(prompts)), key=lambda i: len(ids[i]))
         out: list[str] = [""] * len(prompts)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
-            if sampling.seed is not None:
-                keys = repr([requests[i].key for i in chunk]).encode()
-                torch.manual_seed((sampling.seed * 1_000_003 + zlib.crc32(keys)) % (2**31))
-            texts = self._generate_batch([prompts[i] for i in chunk], sampling)
+            if self.fast:
+                self._check_weights()
+                seeds = [
+                    None if sampling.seed is None else request_seed(sampling.seed, requests[i].key)
+                    for i in chunk
+                ]
+                tokens = self._decode([np.asarray(ids[i], dtype=np.int64) for i in chunk], seeds, sampling)
+            else:
+                tokens = self._hf_generate(
+                    [ids[i] for i in chunk], [requests[i].key for i in chunk], sampling
+                )
+            texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
             for i, text in zip(chunk, texts):
-                out[i] = requests[i].prefix + text
+                out[i] = finish_reply(requests[i].prefix, text, sampling.stop)
         return out
 
-    def _generate_batch(self, prompts: list[str], sampling: SamplingParams) -> list[str]:
+    # -- transformers' generate -----------------------------------------------------------------
+    def _hf_generate(
+        self, ids: list[list[int]], keys: list[tuple[object, ...]], sampling: SamplingParams
+    ) -> list[list[int]]:
         torch = require("torch", "train")
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        if sampling.seed is not None:
+            torch.manual_seed((sampling.seed * 1_000_003 + zlib.crc32(repr(keys).encode())) % (2**31))
+        enc = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt")
         enc = {k: v.to(self.model.device) for k, v in enc.items()}
         kwargs: dict[str, Any] = dict(
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=self.tokenizer.eos_token_id,
+            eos_token_id=self.eos_ids,
         )
+        if sampling.ignore_eos:
+            kwargs["min_new_tokens"] = sampling.max_new_tokens
+        if sampling.stop:
+            kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
         if sampling.temperature > 0:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         with torch.inference_mode():
             generated = self.model.generate(**enc, **kwargs)
-        new_tokens = generated[:, enc["input_ids"].shape[1] :]
-        return self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        rows = generated[:, enc["input_ids"].shape[1] :].tolist()
+        self.stats.prefilled_tokens += int(enc["attention_mask"].sum())
+        self.stats.forward_passes += len(rows[0]) if rows else 0
+        stripped = [_strip_eos(row, self.eos_ids, self.tokenizer.pad_token_id) for row in rows]
+        self.stats.generated_tokens += sum(min(len(s) + 1, len(r)) for s, r in zip(stripped, rows))
+        return stripped
+
+    # -- fast path ------------------------------------------------------------------------------
+    def _decode(
+        self, rows: list[np.ndarray], seeds: list[int | None], sampling: SamplingParams
+    ) -> list[list[int]]:
+        """Generate for one batch of token-id prompts; returns the new tokens of each (no EOS)."""
+        torch = require("torch", "train")
+        with torch.inference_mode(), _kv.gqa_attention_for(self.model):
+            if self.prefix_cache is not None and len(rows) > 1:
+                matched = [self.prefix_cache.lookup(r)[1] for r in rows]
+                shared = _kv.shared_prefixes(rows, matched, min_gain=32)
+                if shared:
+                    self._prefill_and_store(shared)
+            return self._run(rows, seeds, sampling)
+
+    def _prefill_and_store(self, rows: list[np.ndarray]) -> None:
+        kv, logits, info = self._prefill(rows, extra=0)
+        del logits
+        for b, row in enumerate(rows):
+            self._store(kv, b, info, row, fed=0)
+
+    def _prefill(self, rows: list[np.ndarray], *, extra: int):
+        """Prefill ``rows`` on top of their cached prefixes, in a buffer with ``extra`` free slots."""
+        torch = require("torch", "train")
+        device = self.model.device
+        dtype = next(self.model.parameters()).dtype
+        layers, kv_heads, head_dim = _kv.kv_geometry(self.model)
+        hits = []
+        for row in rows:
+            entry, n = self.prefix_cache.lookup(row) if self.prefix_cache is not None else (None, 0)
+            n = min(n, len(row) - 1)
+            hits.append((entry, n) if n > 0 else (None, 0))
+        past = max(n for _, n in hits)
+        new = [len(row) - n for row, (_, n) in zip(rows, hits)]
+        width = max(new)
+        batch = len(rows)
+        buf = torch.empty(
+            layers, 2, batch, kv_heads, past + width + extra, head_dim, dtype=dtype, device=device
+        )
+        valid = torch.zeros(batch, past + width + extra, dtype=torch.bool, device=device)
+        input_ids = torch.full((batch, width), self.tokenizer.pad_token_id, dtype=torch.long)
+        positions = torch.zeros((batch, width), dtype=torch.long)
+        for b, (row, (entry, n)) in enumerate(zip(rows, hits)):
+            if past - n > 0:
+                buf[:, :, b, :, : past - n].zero_()
+            if n:
+                buf[:, :, b, :, past - n : past].copy_(entry.kv[:, :, :, :n])
+                valid[b, past - n : past] = True
+            valid[b, past + width - new[b] : past + width] = True
+            input_ids[b, width - new[b] :] = torch.from_numpy(row[n:])
+            positions[b, width - new[b] :] = torch.arange(n, len(row))
+        self.stats.prefilled_tokens += sum(new)
+        self.stats.forward_passes += 1
+        kv = _kv.BatchKV(buf, past)
+        causal = torch.ones(width, past + width, dtype=torch.bool, device=device).tril(past)
+        allowed = valid[:, None, None, : past + width] & causal
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, _NEG)
+        out = self.model(
+            input_ids=input_ids.to(device),
+            attention_mask=mask,
+            position_ids=positions.to(device),
+            past_key_values=kv.cache(),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        info = {"valid": valid, "start": past + width, "lengths": [len(r) for r in rows]}
+        return kv, out.logits[:, -1].float(), info
+
+    def _store(self, kv: _kv.BatchKV, b: int, info: dict[str, Any], ids: np.ndarray, *, fed: int) -> None:
+        """Copy row ``b``'s KV states (prompt plus ``fed`` generated tokens) into the prefix cache."""
+        if self.prefix_cache is None:
+            return
+        end = info["start"] + fed
+        index = info["valid"][b, :end].nonzero().squeeze(1)
+        if len(index) != len(ids):  # pragma: no cover - internal invariant
+            raise BackendError(f"internal error: {len(index)} cached positions for {len(ids)} tokens")
+        self.prefix_cache.add(ids, kv.buf[:, :, b].index_select(3, index.to(kv.buf.device)))
+
+    def _run(
+        self, rows: list[np.ndarray], seeds: list[int | None], sampling: SamplingParams
+    ) -> list[list[int]]:
+        torch = require("torch", "train")
+        device = self.model.device
+        steps = sampling.max_new_tokens
+        kv, logits, info = self._prefill(rows, extra=steps)
+        dtype = kv.buf.dtype
+        generators = None
+        if sampling.seed is not None and not sampling.greedy:
+            generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        stop_window = max((len(s) for s in sampling.stop), default=0) + 2
+        out: list[list[int]] = [[] for _ in rows]
+        live = list(range(len(rows)))  # batch slot -> row
+        done = [False] * len(rows)
+        positions = torch.tensor(info["lengths"], dtype=torch.long, device=device)
+        cache = kv.cache()
+        for step in range(steps):
+            tokens = _sample(logits, sampling, generators, None if not sampling.ignore_eos else self.eos_ids)
+            values = tokens.tolist()
+            for slot, row in enumerate(live):
+                if done[row]:
+                    continue
+                token = values[slot]
+                out[row].append(token)
+                if token in self.eos_ids and not sampling.ignore_eos:
+                    done[row] = True
+                elif sampling.stop and _has_stop(self.tokenizer, out[row][-stop_window:], sampling.stop):
+                    done[row] = True
+            if step == steps - 1 or all(done[r] for r in live):
+                break
+            finished = [slot for slot, row in enumerate(live) if done[row]]
+            if finished and len(finished) * 4 >= len(live):
+                for slot in finished:
+                    row = live[slot]
+                    self._store(kv, slot, info, _cached_ids(rows[row], out[row]), fed=len(out[row]) - 1)
+                keep = [slot for slot, row in enumerate(live) if not done[row]]
+                index = torch.tensor(keep, dtype=torch.long, device=device)
+                kv.select(index)
+                info["valid"] = info["valid"].index_select(0, index)
+                positions = positions.index_select(0, index)
+                tokens = tokens.index_select(0, index)
+                if generators is not None:
+                    generators = [generators[s] for s in keep]
+                live = [live[s] for s in keep]
+                cache = kv.cache()
+            cursor = info["start"] + step
+            info["valid"][:, cursor] = True
+            mask = torch.zeros(len(live), 1, 1, cursor + 1, dtype=dtype, device=device)
+            mask.masked_fill_(~info["valid"][:, None, None, : cursor + 1], _NEG)
+            result = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=positions[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            positions = positions + 1
+            self.stats.forward_passes += 1
+            logits = result.logits[:, -1].float()
+        for slot, row in enumerate(live):
+            self._store(kv, slot, info, _cached_ids(rows[row], out[row]), fed=len(out[row]) - 1)
+        self.stats.generated_tokens += sum(len(o) for o in out)
+        return [[t for t in o if t not in self.eos_ids] for o in out]
+
+
+def _cached_ids(prompt: np.ndarray, generated: list[int]) -> np.ndarray:
+    """The tokens whose KV states a row holds: the prompt and every generated token but the last."""
+    return np.concatenate([prompt, np.asarray(generated[:-1], dtype=np.int64)])
+
+
+def _sample(logits: Any, sampling: SamplingParams, generators: list | None, suppress: list[int] | None):
+    """Next token per row: greedy, or temperature / top-p sampling with per-row generators."""
+    import torch
+
+    if suppress:
+        logits[:, suppress] = float("-inf")
+    if sampling.greedy:
+        return logits.argmax(-1)
+    logits = logits / sampling.temperature
+    if sampling.top_p < 1.0:
+        sorted_logits, index = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs > sampling.top_p
+        sorted_logits[drop] = float("-inf")
+        logits = torch.full_like(logits, float("-inf")).scatter_(1, index, sorted_logits)
+    probs = logits.softmax(-1)
+    if generators is None:
+        return torch.multinomial(probs, 1).squeeze(1)
+    return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
+
+
+def _has_stop(tokenizer: Any, tail: list[int], stop: tuple[str, ...]) -> bool:
+    text = tokenizer.decode(tail, skip_special_tokens=True)
+    return any(s in text for s in stop)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids = set()
+    for value in (
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        tokenizer.eos_token_id,
+    ):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise BackendError("the tokenizer has no eos_token_id; set tokenizer.eos_token before generating")
+    return sorted(ids)
+
+
+def _strip_eos(row: list[int], eos_ids: list[int], pad_id: int | None) -> list[int]:
+    """Tokens up to the first end-of-sequence (padding after it dropped)."""
+    for k, token in enumerate(row):
+        if token in eos_ids:
+            return row[:k]
+    return [t for t in row if t != pad_id]

@@ -1,48 +1,106 @@
-"""benchmarks.run end to end in a subprocess (scripted policy: no model)."""
+"""benchmarks.run end to end in a subprocess (scripted policy: no model), as a user runs it."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
+import pytest
+
+from optima_env import list_tasks
 from optima_env.io import read_episodes
+from tests.benchmarks.bench_helpers import assert_png
 from tests.helpers import REPO_ROOT
 
 
-def test_run_writes_episodes_table_and_results(tmp_path) -> None:
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--model", "scripted", "--episodes", "3", "--out", str(out)],
+def _run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", *argv],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, **(env or {})},
     )
+
+
+def test_run_writes_episodes_table_results_report_plot_and_viewer(tmp_path) -> None:
+    out = tmp_path / "run"
+    proc = _run("--model", "scripted", "--episodes", "3", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "| ie/synth-v0 | scripted |" in proc.stdout
+    # the smoke suite: CoT and MAD on the embedded task, a table row each
+    assert "| task | method | score | mean #tokens | episodes |" in proc.stdout
+    assert "| ie/synth-v0 | CoT |" in proc.stdout and "| ie/synth-v0 | MAD |" in proc.stdout
+
     episodes = read_episodes(out / "episodes.jsonl")
-    assert len(episodes) == 3 and all(e.reward is not None for e in episodes)
+    assert len(episodes) == 6 and all(e.reward is not None for e in episodes)
+    assert {e.metadata["method"] for e in episodes} == {"cot", "mad"}
+    assert {len(e.agents) for e in episodes if e.metadata["method"] == "cot"} == {1}
+    assert {len(e.agents) for e in episodes if e.metadata["method"] == "mad"} == {2}
+
     results = json.loads((out / "results.json").read_text())
-    assert results["rows"][0]["episodes"] == 3
-    assert results["rows"][0]["mean_tokens"] == sum(e.num_tokens for e in episodes) / 3
-    assert "| task | method | score |" in (out / "results.md").read_text()
+    assert {"rows", "tasks", "methods", "curves", "git_commit", "wall_time_s", "model", "data_dir"} <= set(
+        results
+    )
+    assert results["settings"]["seed"] == 0 and results["model"] == "scripted"
+    for row in results["rows"]:
+        mine = [e for e in episodes if e.metadata["method"] == row["method_key"]]
+        assert row["episodes"] == 3 and row["instances"] == 3 and row["status"] == "ok"
+        assert row["mean_tokens"] == sum(e.num_tokens for e in mine) / 3
+        assert row["score"] == sum(e.task_score for e in mine) / 3
+    assert any(row["score"] > 0 for row in results["rows"])  # the scripted policy reads its facts
+
+    report = (out / "report.md").read_text()
+    assert "| Method | ie/synth-v0 F1 | #Tok |" in report
+    assert "| task | method | score |" in report and "git commit" in report and "wall time" in report
+    assert_png(out / "score_vs_tokens.png")
+    viewer = (out / "viewer.html").read_text()
+    assert "&lt;A&gt;" in viewer and "<A>" not in viewer  # model output is escaped
 
 
 def test_help_documents_the_flags() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--help"], cwd=REPO_ROOT, capture_output=True, text=True
-    )
+    proc = _run("--help")
     assert proc.returncode == 0
-    for flag in ("--task", "--model", "--episodes", "--seed", "--out"):
+    for flag in (
+        "--suite",
+        "--task",
+        "--methods",
+        "--checkpoint",
+        "--backend",
+        "--model",
+        "--episodes",
+        "--seed",
+    ):
         assert flag in proc.stdout
+    assert "--out" in proc.stdout and "resume" in proc.stdout
 
 
 def test_unknown_task_is_a_clear_error_not_a_traceback() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--task", "nope", "--model", "scripted"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-    )
+    proc = _run("--task", "nope", "--model", "scripted")
     assert proc.returncode == 2 and "no task 'nope'; registered:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unknown_suite_and_method_are_clear_errors(tmp_path) -> None:
+    proc = _run("--suite", "nope", "--model", "scripted", "--out", str(tmp_path / "a"))
+    assert proc.returncode == 2 and "no suite 'nope'; expected one of smoke, paper" in proc.stderr
+    proc = _run("--methods", "cot,tot", "--model", "scripted", "--out", str(tmp_path / "b"))
+    assert proc.returncode == 2 and "unknown method 'tot'" in proc.stderr
+
+
+@pytest.mark.skipif("ie/hotpotqa-v0" not in list_tasks(), reason="the HotpotQA task plugin is not installed")
+def test_a_task_without_data_is_reported_not_fatal(tmp_path) -> None:
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    out = tmp_path / "run"
+    proc = _run(
+        "--model", "scripted", "--task", "ie/hotpotqa-v0,ie/synth-v0", "--episodes", "2", "--out", str(out),
+        env={"OPTIMA_DATA_DIR": str(empty), "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "| ie/hotpotqa-v0 | CoT | data missing: " in proc.stdout
+    assert "| ie/synth-v0 | CoT | " in proc.stdout
+    report = (out / "report.md").read_text()
+    assert "ie/hotpotqa-v0: data missing: " in report and str(empty) in report

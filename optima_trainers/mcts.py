@@ -1,0 +1,362 @@
+"""MCTS-style data generation for iDPO (spec §6.2, §6.3).
+
+For every instance a :class:`~optima_trainers.tree.Tree` of turns is grown by
+``num_selections`` rounds of:
+
+1. **select** a node: the candidates are the root and every node whose first child itself has
+   children; a candidate whose text is within ``ed(a, b) / (max(|a|, |b|) + 1) < 0.25`` of any
+   previously selected node is dropped (so a selected node is never selected again); the rest are
+   sorted by value, the top 10 kept and one sampled with probability ∝ exp(value); the root when
+   nothing is left;
+2. **simulate** ``rollouts_per_selection`` conversations from it at temperature 0.7, to the end of
+   the conversation (spec §2.4) or ``max_depth`` turns (the env truncates there);
+3. **insert** each rollout into the tree (a turn within ``ed / (len(new) + 1) < 0.1`` of an existing
+   child is merged into that child) and **back-propagate** its reward as running means.
+
+Generation is batched across trees: each round selects a node in every tree, then plays all the
+rollouts of all trees through :func:`optima_env.rollout.rollout` at once, each env replaying its
+node's path with ``reset(options={"index": i, "prefix": [...]})``. Every rollout of a tree uses the
+same env seed, so every rollout sees the same dealing of evidence. The turn right after the
+selected node is generated with the speaking agent's own system prompt: the reference code used
+the solver's prompt there even when the critic spoke (spec §13 item 9), a quirk fixed here.
+
+Where this differs from the reference code (documented deviations):
+
+* the current answer after a replayed prefix follows the env's rule (the last answer-bearing turn
+  on the path), where the reference parsed only the selected node's own turn;
+* a node whose path of texts already ended (possible only through a merged sibling variant) is not
+  a selection candidate (replaying it would end the conversation at once);
+* the pair's min/max child is recomputed from current values (``minmax="exact"``); the reference's
+  incremental tracking, which can go stale, is ``minmax="code"``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from optima_env.errors import ScoringError, TaskContractError
+from optima_env.policy import ChatPolicy, SamplingParams
+from optima_env.reward import RewardConfig, percentile_normalizer, score_episode
+from optima_env.rollout import RolloutJob, job_seed, make_jobs, rollout
+from optima_env.task import Task
+from optima_env.types import Episode
+from optima_trainers.tree import Node, Tree, TreeTrajectory, normalized_edit_distance
+
+__all__ = [
+    "MCTSConfig",
+    "MCTSReward",
+    "Node",
+    "Tree",
+    "TreeTrajectory",
+    "build_trees",
+    "estimate_token_normalizer",
+    "select_node",
+]
+
+RewardFn = Callable[[Sequence[Episode]], Sequence[float] | Sequence[Episode]]
+"""Scores a batch of finished episodes: one float each, or the episodes with ``reward`` filled in."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MCTSConfig:
+    """Search settings (defaults: the reference code, spec §6.2)."""
+
+    num_selections: int = 8
+    """Select-simulate-back-propagate rounds per tree."""
+    rollouts_per_selection: int = 3
+    """Conversations played from each selected node."""
+    top_k: int = 10
+    """Candidates (by value) the softmax selection samples from."""
+    select_edit_threshold: float = 0.25
+    """A candidate this close to an already selected node (``ed / (max len + 1)``) is dropped."""
+    merge_edit_threshold: float = 0.1
+    """A new turn this close to an existing sibling (``ed / (len(new) + 1)``) is merged into it."""
+    max_depth: int = 10
+    """Turns after which a rollout is cut (the env's ``max_turns``)."""
+    temperature: float = 0.7
+    """Sampling temperature of the rollouts."""
+    max_new_tokens: int = 2000
+    """Token cap of one generated turn (the reference's ``max_tokens``)."""
+    top_p: float = 1.0
+    """Nucleus sampling of the rollouts (the reference: 1.0)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings of the rollouts (e.g. :func:`optima_env.policy.speaker_stops`; the reference: none)."""
+    minmax: Literal["exact", "code"] = "exact"
+    """How pairs pick the max/min-value child: recomputed (``exact``) or as tracked (``code``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_selections", "rollouts_per_selection", "top_k", "max_depth", "max_new_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TaskContractError(f"MCTSConfig.{name} must be an int >= 1, got {value!r}")
+        for name in ("select_edit_threshold", "merge_edit_threshold", "temperature"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value >= 0:
+                raise TaskContractError(f"MCTSConfig.{name} must be a number >= 0, got {value!r}")
+        if self.minmax not in ("exact", "code"):
+            raise TaskContractError(f"MCTSConfig.minmax must be 'exact' or 'code', got {self.minmax!r}")
+
+
+def _far(node: Node, selected: Node, threshold: float) -> bool:
+    return normalized_edit_distance(node.text, selected.text) >= threshold
+
+
+def select_node(tree: Tree, config: MCTSConfig, rng: random.Random) -> Node:
+    """Choose the node to simulate from (step 1 of the search) and record it as selected."""
+    candidates = [
+        n for n in tree.candidates() if all(_far(n, s, config.select_edit_threshold) for s in tree.selected)
+    ]
+    if not candidates:
+        chosen = tree.root
+    else:
+        top = sorted(candidates, key=lambda n: n.value, reverse=True)[: config.top_k]  # stable sort
+        peak = max(n.value for n in top)
+        weights = [math.exp(n.value - peak) for n in top]  # softmax, shifted for stability
+        threshold = rng.random() * sum(weights)
+        chosen, acc = top[-1], 0.0
+        for node, weight in zip(top, weights):
+            acc += weight
+            if acc >= threshold:
+                chosen = node
+                break
+    tree.selected.append(chosen)
+    return chosen
+
+
+def build_trees(
+    task: Task,
+    policy: ChatPolicy,
+    instance_indices: Sequence[int],
+    *,
+    reward_fn: RewardFn,
+    split: str = "train",
+    seed: int = 0,
+    config: MCTSConfig | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    keys: Sequence[int] | None = None,
+    concurrency: int | None = None,
+    progress: bool = False,
+) -> list[Tree]:
+    """Grow one search tree per instance, generating the rollouts of all trees in one batch per round.
+
+    Args:
+        task: the task to play.
+        policy: the current model (any :class:`~optima_env.policy.ChatPolicy`).
+        instance_indices: positions of the instances in ``split`` (one tree each).
+        reward_fn: scores finished episodes: one float each (e.g. an :class:`MCTSReward`: the
+            Optima reward with a constant token normalizer and ``impersonation="mcts"``), or the
+            scored episodes (e.g. ``MCTSReward.score``), which the trees then keep.
+        split: the data split.
+        seed: seeds the evidence dealing, the node selection and the sampling.
+        config: search settings.
+        env_kwargs: :class:`~optima_env.conversation_env.ConversationEnv` options (``tokenizer``,
+            ``turn_token_cap``, ``pm``, ...); ``max_turns`` is ``config.max_depth``.
+        keys: per-tree identity the tree's seeds derive from (default: the instance index); pass
+            distinct keys (e.g. the instance cursor position) when an instance appears twice.
+        concurrency: episodes per generation batch (default: every rollout of the round at once).
+        progress: show a progress bar over the rounds.
+
+    Returns:
+        The trees, in the order of ``instance_indices``.
+    """
+    config = config or MCTSConfig()
+    env_kwargs = dict(env_kwargs or {})
+    for name, value in (("split", split), ("max_turns", config.max_depth)):
+        if env_kwargs.get(name, value) != value:
+            raise TaskContractError(
+                f"env_kwargs[{name!r}] = {env_kwargs[name]!r} conflicts with {value!r} "
+                f"({'the split argument' if name == 'split' else 'MCTSConfig.max_depth'}); "
+                "drop it from env_kwargs"
+            )
+        env_kwargs[name] = value
+    keys = list(instance_indices) if keys is None else list(keys)
+    if len(keys) != len(instance_indices):
+        raise TaskContractError(
+            f"got {len(keys)} keys for {len(instance_indices)} instances; give one key per tree"
+        )
+    samples = task.samples(split)
+    trees, rngs = [], []
+    for index, key in zip(instance_indices, keys):
+        if not isinstance(index, int) or not 0 <= index < len(samples):
+            raise TaskContractError(f"instance index must be an int in [0, {len(samples)}), got {index!r}")
+        trees.append(
+            Tree(
+                task_id=task.id,
+                sample_id=samples[index].id,
+                index=index,
+                split=split,
+                seed=job_seed(seed, key, 0),
+                agents=tuple(task.agents),
+                system_prompts={},
+                message_format=env_kwargs.get("message_format", "code"),
+                max_depth=config.max_depth,
+                minmax=config.minmax,
+            )
+        )
+        rngs.append(random.Random(f"optima-mcts-select/{seed}/{key}"))
+    if not trees:
+        return []
+    per_node = config.rollouts_per_selection
+    rounds: Any = range(config.num_selections)
+    if progress:
+        from tqdm.auto import tqdm
+
+        rounds = tqdm(rounds, desc=f"mcts {task.id} ({len(trees)} trees)", unit="round")
+    for step in rounds:
+        starts = [select_node(tree, config, rng) for tree, rng in zip(trees, rngs)]
+        prefixes = [tree.prefix(start) for tree, start in zip(trees, starts)]
+        jobs = [
+            RolloutJob(index=tree.index, sample=t * per_node + r, seed=tree.seed)
+            for t, tree in enumerate(trees)
+            for r in range(per_node)
+        ]
+
+        def reset_options(job: RolloutJob, prefixes: list[list[str]] = prefixes) -> dict[str, Any]:
+            return {"index": job.index, "prefix": prefixes[job.sample // per_node]}
+
+        episodes = rollout(
+            task,
+            policy,
+            jobs=jobs,
+            sampling=SamplingParams(
+                temperature=config.temperature,
+                max_new_tokens=config.max_new_tokens,
+                top_p=config.top_p,
+                stop=config.stop,
+                seed=job_seed(seed, -1, step),
+            ),
+            concurrency=concurrency or len(jobs),
+            env_kwargs=env_kwargs,
+            reset_options=reset_options,
+            # the rollouts of a tree share the env seed (same evidence), so the sampling key must
+            # tell them apart, or a per-request-seeded backend would sample the same text thrice
+            request_key=lambda job, turn: (job.seed, job.sample % per_node, turn),
+        )
+        episodes, rewards = _rewards(reward_fn, episodes)
+        for job, episode, reward in zip(jobs, episodes, rewards):
+            tree = trees[job.sample // per_node]
+            _check_prompts(tree, episode)
+            tree.insert(
+                episode,
+                starts[job.sample // per_node],
+                reward,
+                merge_threshold=config.merge_edit_threshold,
+                step=step,
+            )
+    return trees
+
+
+def _rewards(reward_fn: RewardFn, episodes: list[Episode]) -> tuple[list[Episode], list[float]]:
+    """Run ``reward_fn``; scored episodes it returns replace the played ones (their total is the reward)."""
+    out = list(reward_fn(episodes))
+    if len(out) != len(episodes):
+        raise ScoringError(
+            f"reward_fn returned {len(out)} values for {len(episodes)} episodes; it must give one each"
+        )
+    rewards = []
+    for i, item in enumerate(out):
+        if isinstance(item, Episode):
+            if item.reward is None:
+                raise ScoringError("reward_fn returned an episode without a reward; fill episode.reward")
+            episodes[i], item = item, item.reward.total
+        if isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item):
+            raise ScoringError(f"reward_fn must give a finite float (or a scored Episode), got {item!r}")
+        rewards.append(float(item))
+    return episodes, rewards
+
+
+def _check_prompts(tree: Tree, episode: Episode) -> None:
+    """Every rollout of a tree must see the same prompts (same seed, same instance)."""
+    prompts = dict(episode.base_system_prompts)
+    if not tree.system_prompts:
+        tree.system_prompts = prompts
+    elif prompts != tree.system_prompts:
+        raise TaskContractError(
+            f"tree {tree.sample_id}: two rollouts with the same seed got different system prompts; the "
+            f"task's views() must be a function of (sample, rng) only"
+        )
+
+
+class MCTSReward:
+    """A ``reward_fn`` for :func:`build_trees`: the Optima reward with a constant token normalizer.
+
+    Readability losses are computed for all turns of a batch of episodes in one call and cached
+    by turn text (each turn is scored alone, so the cache is exact; the replayed prefix turns of a
+    tree are scored once).
+
+    Args:
+        normalizer: the constant token normalizer (see :func:`estimate_token_normalizer`).
+        config: reward weights and special cases (default: the code preset with
+            ``impersonation="mcts"``, which zeroes the task term of an impersonating trajectory).
+        readability: a scorer ``texts -> losses`` (e.g. the frozen base model's
+            :class:`~optima_env.readability.TransformersLMLoss`), or ``None`` to use the episodes'
+            own ``lm_loss`` (the readability term is 0 when that is missing, flagged ``no_readability``).
+    """
+
+    def __init__(
+        self,
+        *,
+        normalizer: float,
+        config: RewardConfig | None = None,
+        readability: Callable[[Sequence[str]], Sequence[float]] | None = None,
+    ) -> None:
+        self.normalizer = normalizer
+        self.config = config or RewardConfig(impersonation="mcts")
+        self.readability = readability
+        self._losses: dict[str, float] = {}
+
+    def score(self, episodes: Sequence[Episode]) -> list[Episode]:
+        """The episodes with ``lm_loss`` (when a scorer is set) and ``reward`` filled in."""
+        if self.readability is not None:
+            missing = sorted({t.text for e in episodes for t in e.turns} - set(self._losses))
+            if missing:
+                losses = list(self.readability(missing))
+                if len(losses) != len(missing):
+                    raise ScoringError(
+                        f"the readability scorer returned {len(losses)} losses for {len(missing)} turns"
+                    )
+                self._losses.update(zip(missing, (float(x) for x in losses)))
+            episodes = [replace(e, lm_loss=self._max_loss(e)) for e in episodes]
+        return [
+            replace(e, reward=score_episode(e, config=self.config, normalizer=self.normalizer))
+            for e in episodes
+        ]
+
+    def _max_loss(self, episode: Episode) -> float | None:
+        return max((self._losses[t.text] for t in episode.turns), default=None)
+
+    def __call__(self, episodes: Sequence[Episode]) -> list[float]:
+        return [e.reward.total for e in self.score(episodes) if e.reward is not None]
+
+
+def estimate_token_normalizer(
+    task: Task,
+    policy: ChatPolicy,
+    instance_indices: Sequence[int],
+    *,
+    percentile: float = 85.0,
+    split: str = "train",
+    seed: int = 0,
+    sampling: SamplingParams | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    progress: bool = False,
+) -> tuple[float, list[Episode]]:
+    """The MCTS token normalizer (spec §6.3): one conversation per instance with the current model,
+    then the ``percentile`` of their token counts plus 1 (85 for iDPO, 80 for iSFT-DPO).
+
+    Returns:
+        ``(normalizer, episodes)``.
+    """
+    episodes = rollout(
+        task,
+        policy,
+        jobs=make_jobs(instance_indices, num_samples=1, seed=seed),
+        sampling=sampling or SamplingParams(temperature=0.7, max_new_tokens=2000, seed=seed),
+        env_kwargs={"split": split, **dict(env_kwargs or {})},
+        progress=progress,
+    )
+    return percentile_normalizer([e.num_tokens for e in episodes], percentile), episodes

@@ -1,0 +1,183 @@
+"""The run folder: configuration, per-stage files, state, metrics, and an exclusive lock.
+
+Layout (``runs/<task>__<trainer>__<seed>__<time>/`` by default)::
+
+    config.json            the resolved TrainConfig (written once, checked on --resume)
+    state.json             where the run stands (rewritten atomically after every phase)
+    metrics.jsonl          one line per finished stage (mean reward, task score, tokens, counts,
+                           training loss, wall time per phase)
+    iter_00/               one folder per stage (isft-dpo: iter_00_sft/, iter_00_dpo/, ...)
+        episodes.jsonl     rollouts, appended as each ends (resumed, never regenerated)
+        scored.jsonl       the same episodes with readability and rewards (atomic)
+        selected.jsonl     iSFT training trajectories (atomic)
+        normalizer.jsonl   DPO stages: the token-normalizer rollouts (appended, resumed)
+        trees.jsonl        DPO stages: per chunk of trees, their pairs (appended, resumed by chunk)
+        pairs.jsonl        DPO stages: the kept preference pairs (atomic)
+        checkpoint/        the trained model (temp folder + COMPLETE marker + rename)
+        result.json        the stage's outcome: next model and metrics (atomic; marks it done)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from optima_env.errors import DataError, TaskContractError
+from optima_env.io import append_jsonl, write_json_atomic
+from optima_trainers.config import TrainConfig
+
+__all__ = ["RunDir", "default_run_name", "read_json"]
+
+
+def default_run_name(config: TrainConfig) -> str:
+    """``<task>__<trainer>__<seed>__<YYYYmmdd-HHMMSS>`` (``/`` in the task id becomes ``_``)."""
+    return (
+        f"{config.task.replace('/', '_')}__{config.trainer}__{config.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+
+
+def read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A JSON file written atomically by the run (``result.json``, ...)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: corrupt ({exc}); delete it to rerun that stage's last phase") from exc
+
+
+class RunDir:
+    """One run's folder (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).absolute()
+
+    def portable(self, model: str) -> str:
+        """A model path as stored in ``result.json``: relative when it lies inside the run folder."""
+        path = Path(model)
+        if path.is_absolute() and path.is_relative_to(self.root):
+            return path.relative_to(self.root).as_posix()
+        return model
+
+    def model_path(self, stored: str) -> str:
+        """The inverse of :meth:`portable`: a stored model path made usable from any directory."""
+        candidate = self.root / stored
+        return str(candidate) if not Path(stored).is_absolute() and candidate.exists() else stored
+
+    # -- creation and resumption ------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls, config: TrainConfig, *, run_dir: str | os.PathLike[str] | None = None, base: str = "runs"
+    ) -> RunDir:
+        """A new run folder holding ``config.json``; refuses a folder that already holds a run."""
+        root = Path(run_dir) if run_dir is not None else Path(base) / default_run_name(config)
+        if (root / "config.json").exists():
+            raise TaskContractError(
+                f"{root} already holds a run; pass --resume to continue it, or choose another --run-dir"
+            )
+        root.mkdir(parents=True, exist_ok=True)
+        run = cls(root)
+        write_json_atomic(root / "config.json", config.to_dict())
+        run.save_state(status="created")
+        return run
+
+    @classmethod
+    def open(cls, run_dir: str | os.PathLike[str]) -> tuple[RunDir, TrainConfig]:
+        """An existing run folder and its stored configuration."""
+        root = Path(run_dir)
+        path = root / "config.json"
+        if not path.is_file():
+            raise DataError(f"{root} is not a run folder (no config.json); check --run-dir")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: corrupt ({exc}); the run cannot be resumed") from exc
+        return cls(root), TrainConfig.from_dict(data)
+
+    @staticmethod
+    def latest(base: str | os.PathLike[str], prefix: str) -> Path | None:
+        """The newest run folder under ``base`` whose name starts with ``prefix``."""
+        base = Path(base)
+        if not base.is_dir():
+            return None
+        found = sorted(
+            p for p in base.iterdir() if p.name.startswith(prefix) and (p / "config.json").is_file()
+        )
+        return found[-1] if found else None
+
+    # -- files ------------------------------------------------------------------------------------
+    def stage(self, name: str) -> Path:
+        """The folder of one stage (created on demand)."""
+        path = self.root / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def state(self) -> dict[str, Any]:
+        """The last saved state (empty before the first phase)."""
+        path = self.root / "state.json"
+        if not path.is_file():
+            return {}
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:  # written atomically: only a foreign edit gets here
+            raise DataError(f"{path}: corrupt ({exc}); delete it, the run's files carry the truth") from exc
+
+    def save_state(self, **updates: Any) -> dict[str, Any]:
+        """Merge ``updates`` into the state and write it atomically."""
+        state = {**self.state(), **updates, "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        write_json_atomic(self.root / "state.json", state)
+        return state
+
+    def record_phase(self, stage: str, phase: str, seconds: float, **extra: Any) -> None:
+        """Note that ``phase`` of ``stage`` finished (and how long it took) in the state."""
+        state = self.state()
+        timings = state.get("timings", {})
+        timings.setdefault(stage, {})[phase] = timings.get(stage, {}).get(phase, 0.0) + seconds
+        self.save_state(stage=stage, phase=phase, timings=timings, **extra)
+
+    def timings(self, stage: str) -> dict[str, float]:
+        """Seconds spent per phase of ``stage`` (summed over resumptions)."""
+        return dict(self.state().get("timings", {}).get(stage, {}))
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The records of ``metrics.jsonl`` (one per finished stage)."""
+        path = self.root / "metrics.jsonl"
+        if not path.is_file():
+            return []
+        out = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn last line of an interrupted append; the stage re-appends it
+        return out
+
+    def append_metrics(self, record: Mapping[str, Any]) -> None:
+        """Append one stage's record unless that stage is already recorded."""
+        if any(r.get("stage") == record.get("stage") for r in self.metrics()):
+            return
+        path = self.root / "metrics.jsonl"
+        if path.is_file():
+            text = path.read_text(encoding="utf-8")
+            if text and not text.endswith("\n"):  # drop a torn line before appending
+                path.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
+        append_jsonl(path, [dict(record)])
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold an exclusive lock on the run (a second process on the same run fails at once)."""
+        handle = open(self.root / ".lock", "a+")
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                raise TaskContractError(
+                    f"{self.root} is in use by another process; wait for it or stop it before resuming"
+                ) from exc
+            yield
+        finally:
+            handle.close()

@@ -1,0 +1,116 @@
+"""iSFT data selection (spec §5 item 4, §13 items 1-2).
+
+Per instance the best trajectory by total reward (the first one on ties, as ``np.argmax``), then:
+
+* ``code`` order (reference code, default): sort the instances by that reward, descending; keep
+  the slice ``keep`` of the sorted list (``(0.0, 0.7)``: the top 70%; MATH ``(0.1, 0.8)``: the
+  10%-80% slice), with bounds ``int(fraction * n)``; then drop rewards below ``theta``.
+* ``paper`` order (Alg. 2): drop rewards below ``theta`` first, then keep the slice of the
+  survivors.
+
+The threshold tests the TOTAL reward with ``>=`` (code). Impersonation cleaning: the reward of a
+trajectory in which an agent speaks for another carries the ``impersonation_sft`` flag (and -10,
+:mod:`optima_env.reward`); with ``drop_impersonation`` such a trajectory is also removed after the
+threshold, so that no threshold, however low, lets it through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from optima_env.errors import DataError, TaskContractError
+from optima_env.types import Episode
+
+__all__ = ["SelectionConfig", "best_per_instance", "select_isft"]
+
+IMPERSONATION_FLAG = "impersonation_sft"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SelectionConfig:
+    """How iSFT picks its training trajectories."""
+
+    theta: float = 0.5
+    """Keep a trajectory only if its total reward is ``>= theta`` (θ_sft)."""
+    keep: tuple[float, float] = (0.0, 0.7)
+    """Slice of the reward-sorted instances to keep, as fractions (MATH: ``(0.1, 0.8)``)."""
+    order: Literal["code", "paper"] = "code"
+    """``code``: slice, then threshold; ``paper``: threshold, then slice of the survivors."""
+    drop_impersonation: bool = True
+    """Remove trajectories whose reward carries the ``impersonation_sft`` flag."""
+
+    def __post_init__(self) -> None:
+        lo, hi = self.keep
+        if not 0.0 <= lo < hi <= 1.0:
+            raise TaskContractError(
+                f"keep must be a slice (lo, hi) with 0 <= lo < hi <= 1, got {self.keep!r}"
+            )
+        if self.order not in ("code", "paper"):
+            raise TaskContractError(f"order must be 'code' or 'paper', got {self.order!r}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> SelectionConfig:
+        """Build from a plain dict (the ``config`` of the selection hook); unknown keys are ignored."""
+        fields = {"theta", "keep", "order", "drop_impersonation"}
+        values = {k: v for k, v in data.items() if k in fields}
+        if "keep" in values:
+            values["keep"] = tuple(values["keep"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (what the loop passes to the selection hook)."""
+        return {
+            "theta": self.theta,
+            "keep": list(self.keep),
+            "order": self.order,
+            "drop_impersonation": self.drop_impersonation,
+        }
+
+
+def _total(episode: Episode) -> float:
+    if episode.reward is None:
+        raise DataError(
+            f"episode {episode.sample_id} (seed {episode.seed}) has no reward; score the episodes "
+            "with optima_env.reward.score_group before selecting"
+        )
+    return episode.reward.total
+
+
+def best_per_instance(episodes: Sequence[Episode]) -> list[Episode]:
+    """The highest-reward episode of each instance (first on ties), in first-seen instance order."""
+    best: dict[str, Episode] = {}
+    for episode in episodes:
+        current = best.get(episode.sample_id)
+        if current is None or _total(episode) > _total(current):
+            best[episode.sample_id] = episode
+    return list(best.values())
+
+
+def _slice(ranked: list[Episode], keep: tuple[float, float]) -> list[Episode]:
+    n = len(ranked)
+    return ranked[int(keep[0] * n) : int(keep[1] * n)]
+
+
+def select_isft(episodes: Sequence[Episode], config: SelectionConfig | None = None) -> list[Episode]:
+    """The iSFT training trajectories, best first (see the module docstring).
+
+    >>> from optima_env.types import RewardBreakdown
+    >>> def ep(sid, total):
+    ...     r = RewardBreakdown(task=0, token=0, readability=0, total=total, num_tokens=1, normalizer=1)
+    ...     return Episode(task_id="t", sample_id=sid, seed=0, agents=("A",), turns=(), final_answer=None,
+    ...         gold=("x",), task_score=0, terminated=False, truncated=True, end_reason="max_turns",
+    ...         num_tokens=1, system_prompts={}, base_system_prompts={}, reward=r)
+    >>> [e.sample_id for e in select_isft([ep("a", .9), ep("b", .2), ep("c", .6)], SelectionConfig(theta=.5))]
+    ['a']
+    """
+    config = config or SelectionConfig()
+    ranked = sorted(best_per_instance(episodes), key=_total, reverse=True)
+    if config.order == "code":
+        chosen = [e for e in _slice(ranked, config.keep) if _total(e) >= config.theta]
+    else:
+        chosen = _slice([e for e in ranked if _total(e) >= config.theta], config.keep)
+    if config.drop_impersonation:
+        chosen = [e for e in chosen if IMPERSONATION_FLAG not in (e.reward.flags if e.reward else ())]
+    return chosen

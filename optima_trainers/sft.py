@@ -1,0 +1,212 @@
+"""SFT on masked examples with TRL's ``SFTTrainer`` (LoRA by default on CPU, or full fine-tuning).
+
+The examples come pre-tokenized from :mod:`optima_trainers.sft_data`: columns ``input_ids`` and
+``assistant_masks``. TRL 1.16 accepts that as is: a dataset with ``input_ids`` is "already
+processed", and its ``assistant_masks`` column is folded into ``labels`` (``-100`` outside the
+mask) before training, whatever ``completion_only_loss`` says; no chat-template ``{% generation %}``
+markers are needed. Training runs in fp32 with ``bf16=False`` and ``gradient_checkpointing=False``
+(required on CPUs without bf16, see ``docs/feasibility.md``).
+
+The checkpoint is written atomically (:func:`optima_trainers.checkpoint.atomic_checkpoint`) as a
+plain model folder: LoRA adapters are merged into the weights first, so the next iteration, a
+rollout or an evaluation loads it like any model. Under ``accelerate launch`` every process trains
+and the main process writes the folder (with DeepSpeed ZeRO-3, use full fine-tuning: the weights
+are gathered by ``Trainer.save_model``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from optima_env.errors import MissingDependencyError, TaskContractError, require
+from optima_trainers.checkpoint import TrainResult, atomic_checkpoint, require_complete
+from optima_trainers.faults import fault_point
+from optima_trainers.sft_data import MaskedExample
+
+__all__ = ["SFTTrainConfig", "check_report_to", "lora_config", "train_sft", "world_size"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SFTTrainConfig:
+    """Hyperparameters of one SFT stage."""
+
+    learning_rate: float = 2e-5
+    epochs: float = 1
+    batch_size: int = 8
+    """Effective batch: per-device batch × gradient accumulation × processes."""
+    per_device_batch_size: int = 8
+    max_length: int = 2048
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (``None``: run the epochs)."""
+    lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    warmup_ratio: float = 0.1
+    seed: int = 42
+    report_to: str = "none"
+    dtype: str = "float32"
+
+
+def world_size() -> int:
+    """Number of training processes (``WORLD_SIZE`` under ``accelerate launch``/``torchrun``)."""
+    return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def check_report_to(report_to: str) -> None:
+    """Fail early, with the install command, when the requested tracker is not installed."""
+    module = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(report_to)
+    if module is None:
+        if report_to != "none":
+            raise TaskContractError(f"report_to must be none, tensorboard or wandb, got {report_to!r}")
+        return
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise MissingDependencyError(f"report_to={report_to!r} needs `pip install {module}`")
+
+
+def lora_config(r: int, alpha: int, dropout: float = 0.0) -> Any:
+    """The LoRA setup of the project: every linear layer of the blocks (``all-linear``)."""
+    peft = require("peft", "train")
+    return peft.LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+
+
+def _dataset(examples: Sequence[MaskedExample]) -> Any:
+    datasets = require("datasets", "train")
+    return datasets.Dataset.from_dict(
+        {
+            "input_ids": [list(e.input_ids) for e in examples],
+            "assistant_masks": [list(e.assistant_masks) for e in examples],
+        }
+    )
+
+
+def train_sft(
+    *,
+    model_path: str,
+    examples: Sequence[MaskedExample],
+    config: SFTTrainConfig,
+    output_dir: str | os.PathLike[str],
+    eval_examples: Sequence[MaskedExample] = (),
+    logging_dir: str | os.PathLike[str] | None = None,
+) -> TrainResult:
+    """Fine-tune ``model_path`` on ``examples`` and save the merged model to ``output_dir``.
+
+    Args:
+        model_path: the starting model folder (or hub name).
+        examples: masked training examples (at least one).
+        config: hyperparameters.
+        output_dir: where the checkpoint appears, complete or not at all.
+        eval_examples: optional held-out examples (evaluated once at the end).
+        logging_dir: where the trainer's own files go (tensorboard events); default: a folder
+            beside ``output_dir``.
+
+    Returns:
+        The :class:`TrainResult` (also stored in the checkpoint's ``COMPLETE`` marker).
+    """
+    if not examples:
+        raise TaskContractError(
+            "train_sft got no examples; lower theta_sft or sample more instances (the selection kept none)"
+        )
+    torch = require("torch", "train")
+    transformers = require("transformers", "train")
+    trl = require("trl", "train")
+    check_report_to(config.report_to)
+    output_dir = Path(output_dir)
+    trainer_dir = Path(logging_dir or output_dir.parent / f"{output_dir.name}_trainer")
+
+    transformers.set_seed(config.seed)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, config.dtype))
+    per_device = max(1, min(config.per_device_batch_size, config.batch_size))
+    accumulation = max(1, math.ceil(config.batch_size / (per_device * world_size())))
+    use_cuda = torch.cuda.is_available()
+    args = trl.SFTConfig(
+        output_dir=str(trainer_dir),
+        per_device_train_batch_size=per_device,
+        per_device_eval_batch_size=per_device,
+        gradient_accumulation_steps=accumulation,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps if config.max_steps is not None else -1,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=config.warmup_ratio,
+        max_length=config.max_length,
+        bf16=config.dtype == "bfloat16" and use_cuda,  # never on CPU: no native bf16 (feasibility study)
+        fp16=False,
+        gradient_checkpointing=False,
+        use_cpu=not use_cuda,
+        seed=config.seed,
+        data_seed=config.seed,
+        report_to=config.report_to,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_steps=1,
+        dataloader_num_workers=0,
+        dataset_num_proc=None,
+    )
+
+    class _FaultCallback(transformers.TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            fault_point("train_step")
+
+    trainer = trl.SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=_dataset(examples),
+        eval_dataset=_dataset(eval_examples) if eval_examples else None,
+        processing_class=tokenizer,
+        peft_config=lora_config(config.lora_r, config.lora_alpha, config.lora_dropout)
+        if config.lora
+        else None,
+        callbacks=[_FaultCallback()],
+    )
+    output = trainer.train()
+    metrics: dict[str, float] = {
+        k: float(v) for k, v in output.metrics.items() if isinstance(v, (int, float)) and k != "total_flos"
+    }
+    if eval_examples:
+        metrics.update({k: float(v) for k, v in trainer.evaluate().items() if isinstance(v, (int, float))})
+    result = TrainResult(
+        checkpoint=str(output_dir),
+        train_loss=float(output.training_loss) if output.global_step else None,
+        steps=int(output.global_step),
+        num_examples=len(examples),
+        metrics=metrics,
+    )
+    accelerator = trainer.accelerator
+    if not accelerator.is_main_process:
+        if not config.lora:
+            trainer.save_model(str(output_dir.parent / f".{output_dir.name}.tmp-write"))  # ZeRO-3 gather
+        accelerator.wait_for_everyone()
+        return result
+    with atomic_checkpoint(output_dir) as (tmp, finish):
+        if config.lora:
+            merged = accelerator.unwrap_model(trainer.model).merge_and_unload()
+            merged.save_pretrained(tmp)
+        else:
+            trainer.save_model(str(tmp))
+        tokenizer.save_pretrained(tmp)
+        fault_point("checkpoint")
+        accelerator.wait_for_everyone()
+        finish(result)
+    shutil.rmtree(trainer_dir / "checkpoint-final", ignore_errors=True)
+    logger.info("saved %s (loss %s, %d steps)", output_dir, result.train_loss, result.steps)
+    del trainer, model
+    if use_cuda:
+        torch.cuda.empty_cache()
+    return require_complete(output_dir)

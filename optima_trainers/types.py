@@ -1,0 +1,125 @@
+"""Records the trainers exchange: DPO preference pairs (and the training result, re-exported).
+
+A :class:`PreferencePair` is one DPO example cut from an MCTS turn tree (spec §6.4): the
+conversation up to a node, as the agent who speaks next reads it, and two of that node's children,
+the best (chosen) and the worst (rejected) by their back-propagated values. Pairs round-trip
+through JSONL exactly: ``read_pairs`` after ``write_pairs`` gives equal records.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from optima_env.errors import DataError
+from optima_env.io import write_text_atomic
+from optima_trainers.checkpoint import TrainResult
+
+__all__ = ["PreferencePair", "TrainResult", "read_pairs", "write_pairs"]
+
+_ROLES = frozenset({"system", "user", "assistant"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreferencePair:
+    """One DPO example: a shared conversation prefix and a better and a worse next turn."""
+
+    prompt: tuple[Mapping[str, str], ...]
+    """Chat messages: the speaking agent's system prompt, then every turn on the path so far."""
+    chosen: str
+    """The max-value child's turn text (``"Name: ..."``)."""
+    rejected: str
+    """The min-value child's turn text."""
+    chosen_value: float
+    rejected_value: float
+    task_id: str
+    sample_id: str
+    """The instance the tree was grown for (one tree per instance and iteration)."""
+    instance_index: int
+    """Position of that instance in its split."""
+    depth: int
+    """Turns before the chosen/rejected turn (0: the pair is about the first turn)."""
+    agent: str
+    """The agent who speaks the chosen/rejected turn."""
+
+    def __post_init__(self) -> None:
+        for message in self.prompt:
+            if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
+                raise DataError(
+                    "prompt messages must be {'role': system|user|assistant, 'content': str}, "
+                    f"got {message!r}"
+                )
+            if not isinstance(message.get("content"), str):
+                raise DataError(f"a prompt message's content must be a str, got {message!r}")
+        for name in ("chosen_value", "rejected_value"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or math.isnan(value):
+                raise DataError(f"{name} must be a number, got {value!r}")
+
+    @property
+    def margin(self) -> float:
+        """``chosen_value - rejected_value``."""
+        return self.chosen_value - self.rejected_value
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "prompt": [dict(m) for m in self.prompt],
+            "chosen": self.chosen,
+            "rejected": self.rejected,
+            "chosen_value": self.chosen_value,
+            "rejected_value": self.rejected_value,
+            "task_id": self.task_id,
+            "sample_id": self.sample_id,
+            "instance_index": self.instance_index,
+            "depth": self.depth,
+            "agent": self.agent,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PreferencePair:
+        """Rebuild a pair from :meth:`to_dict` output; raises :class:`DataError` on bad input."""
+        if not isinstance(data, Mapping):
+            raise DataError(f"a preference pair must be a JSON object, got {type(data).__name__}")
+        try:
+            return cls(
+                prompt=tuple({"role": m["role"], "content": m["content"]} for m in data["prompt"]),
+                chosen=data["chosen"],
+                rejected=data["rejected"],
+                chosen_value=float(data["chosen_value"]),
+                rejected_value=float(data["rejected_value"]),
+                task_id=data["task_id"],
+                sample_id=data["sample_id"],
+                instance_index=int(data["instance_index"]),
+                depth=int(data["depth"]),
+                agent=data["agent"],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(
+                f"not a valid preference pair: {exc!r}; expected the keys {sorted(cls.__slots__)}, "
+                f"got {sorted(data)}"
+            ) from exc
+
+
+def write_pairs(path: str | os.PathLike[str], pairs: Iterable[PreferencePair]) -> None:
+    """Atomically write pairs as JSONL (replacing the file)."""
+    write_text_atomic(path, "".join(json.dumps(p.to_dict(), ensure_ascii=False) + "\n" for p in pairs))
+
+
+def read_pairs(path: str | os.PathLike[str]) -> list[PreferencePair]:
+    """Read a JSONL file written by :func:`write_pairs`; a bad line raises :class:`DataError`."""
+    path = Path(path)
+    pairs = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            pairs.append(PreferencePair.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, DataError) as exc:
+            raise DataError(f"{path}:{i + 1}: {exc}") from exc
+    return pairs

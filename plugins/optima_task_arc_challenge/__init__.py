@@ -1,0 +1,59 @@
+"""ARC-Challenge: a solver and a critic debate grade-school science questions.
+
+============  ==================================================================================
+id            ``debate/arc_challenge-v0``
+family        debate (spec §2.2)
+agents        Alice = solver (speaks first), Bob = critic. ``num_agents=3`` (the paper's v2
+              three-agent variant) or more: peers with no fixed roles, each told to solve,
+              check the others and answer in ``<A></A>``
+each agent    the question followed by "Please choose your answer from [option texts]", no
+              private evidence. Alice: terse, token-budget language, a full step-by-step
+              derivation, the answer as ``<A>answer</A>``; Bob: find Alice's errors and
+              suggest fixes, tersely, never giving the answer
+end           the same ``<A>answer</A>`` twice in a row among answer-bearing turns, or
+              ``max_turns`` (10), or a turn of 2000+ tokens (spec §2.4)
+metric        accuracy: the answer names the gold option, by its text (up to case,
+              punctuation and spacing) or by its label (``B``, ``(B)``, ``Answer: B``; ARC's
+              own labels such as ``1``-``4``); ``strict_choice=True`` is the reference rule
+              (lowercased, stripped answer == gold option text)
+data          ``arc_challenge``: ``train`` (1,119), ``test`` (1,172), ``validation``; gold = the
+              option text. Local JSONL in ``$OPTIMA_DATA_DIR/arc_challenge/`` or the hub's
+              ``ai2_arc`` (ARC-Challenge)
+pool          the 11 formats of :data:`optima_env.prompts.FORMAT_EXAMPLES`, in the solver's
+              prompt only (every peer's with three or more agents); ``base_system_prompt`` is
+              the prompt without it
+============  ==================================================================================
+
+Factory arguments: ``num_agents``, ``strict_choice``, ``data_dir``, ``source``, ``limit``,
+``hf_name``.
+
+Version history:
+    v0: first release.
+"""
+
+from __future__ import annotations
+
+from optima_env import TaskSpec, hookimpl
+from optima_env.families import ChoiceDebateTask
+
+__all__ = ["ARCChallengeTask", "optima_register_tasks"]
+
+TASK_ID = "debate/arc_challenge-v0"
+
+
+class ARCChallengeTask(ChoiceDebateTask):
+    """ARC-Challenge solver/critic debate (see the module docstring)."""
+
+    dataset = "arc_challenge"
+
+
+@hookimpl
+def optima_register_tasks() -> list[TaskSpec]:
+    return [
+        TaskSpec(
+            id=TASK_ID,
+            factory=ARCChallengeTask,
+            family="debate",
+            description="ARC-Challenge solver/critic debate; option text in <A></A>; accuracy.",
+        )
+    ]

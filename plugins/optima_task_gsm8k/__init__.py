@@ -1,0 +1,71 @@
+"""GSM8K: a solver and a critic debate grade-school math word problems.
+
+============  ==================================================================================
+id            ``debate/gsm8k-v0``
+family        debate (spec §2.2)
+agents        Alice = solver (speaks first), Bob = critic. ``num_agents=3`` or more: peers with
+              no fixed roles (:data:`optima_env.prompts.PEER_DEBATE_PROMPT`)
+each agent    the question, no private evidence. Alice: "think step by step, end with
+              ``\\boxed{N}``, the box holding only a number"; Bob: find Alice's errors and
+              suggest fixes, tersely, never giving the answer
+end           the same answer twice in a row among answer-bearing turns, or ``max_turns`` (10),
+              or a turn of 2000+ tokens (spec §2.4). A turn's answer is the content of its last
+              balanced ``\\boxed{}``, normalized like the reference parser (units, ``$``,
+              commas in numbers, text before ``=`` removed)
+metric        accuracy: the first number of the answer equals the gold number (after ``####``)
+              within 1e-6 (``gsm8k_mode="numeric"``, default); ``"code"`` = the reference
+              training reward (normalized string equality), ``"code_eval"`` = its eval script
+data          ``gsm8k``: ``train`` (7,473), ``test`` (1,319). Local JSONL in
+              ``$OPTIMA_DATA_DIR/gsm8k/`` or the hub's ``gsm8k`` (main)
+pool          none (``num_formats == 0``): math has a fixed structure (spec §4)
+============  ==================================================================================
+
+Factory arguments: ``num_agents``, ``gsm8k_mode``, ``data_dir``, ``source``, ``limit``,
+``hf_name``.
+
+Version history:
+    v0: first release.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optima_env import TaskContractError, TaskSpec, hookimpl
+from optima_env.families import MathDebateTask
+from optima_env.prompts import GSM8K_SOLVER_PROMPT
+from optima_env.scoring import gsm8k_equal
+from optima_env.types import TaskSample
+
+__all__ = ["GSM8KTask", "optima_register_tasks"]
+
+TASK_ID = "debate/gsm8k-v0"
+_MODES = ("numeric", "code", "code_eval")
+
+
+class GSM8KTask(MathDebateTask):
+    """GSM8K solver/critic debate (see the module docstring)."""
+
+    dataset = "gsm8k"
+    solver_prompt = GSM8K_SOLVER_PROMPT
+
+    def __init__(self, *, gsm8k_mode: str = "numeric", **kwargs: Any) -> None:
+        if gsm8k_mode not in _MODES:
+            raise TaskContractError(f"gsm8k_mode must be one of {list(_MODES)}, got {gsm8k_mode!r}")
+        super().__init__(**kwargs)
+        self.gsm8k_mode = gsm8k_mode
+
+    def score(self, answer: str | None, sample: TaskSample) -> float:
+        return float(gsm8k_equal(answer, sample.answer, mode=self.gsm8k_mode))  # type: ignore[arg-type]
+
+
+@hookimpl
+def optima_register_tasks() -> list[TaskSpec]:
+    return [
+        TaskSpec(
+            id=TASK_ID,
+            factory=GSM8KTask,
+            family="debate",
+            description="GSM8K solver/critic debate; boxed numeric answer; accuracy.",
+        )
+    ]

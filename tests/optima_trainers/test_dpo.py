@@ -1,0 +1,150 @@
+"""DPO/RPO training on TRL: the loss composition, the atomic merged save, and a real run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from optima_env.errors import DataError, TaskContractError
+from optima_trainers.checkpoint import COMPLETE_MARKER, is_complete, require_complete
+from optima_trainers.types import PreferencePair
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+from optima_trainers.dpo import LOG_FILE, DPOTrainConfig, dpo_args, train_dpo  # noqa: E402
+
+
+def make_pairs(n: int) -> list[PreferencePair]:
+    facts = ["Ann lives in Paris.", "Bo works for Acme.", "Cy likes tea.", "Di owns a boat."]
+    return [
+        PreferencePair(
+            prompt=(
+                {"role": "system", "content": f"You are Bob. Question {i}: where does Ann live?"},
+                {"role": "assistant", "content": f"Alice: {facts[i % len(facts)]}"},
+            ),
+            chosen="Bob: <A>Paris</A>",
+            rejected=f"Bob: I do not know, maybe it is somewhere far away, number {i}.",
+            chosen_value=0.9,
+            rejected_value=0.1,
+            task_id="test/tiny-v0",
+            sample_id=f"tiny-{i}",
+            instance_index=i,
+            depth=1,
+            agent="Bob",
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A 2-layer random Llama with the embedded model's tokenizer and chat template."""
+    from optima_env.models import resolve_model_path
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_path("embedded"))
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny") / "start"
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def first_losses(checkpoint) -> list[float]:
+    history = json.loads((checkpoint / LOG_FILE).read_text())
+    return [h["loss"] for h in history if "loss" in h]
+
+
+def weights(folder) -> dict[str, object]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_rpo_is_dpo_plus_the_chosen_nll() -> None:
+    rpo = dpo_args(DPOTrainConfig(rpo_alpha=1.0), output_dir="unused")
+    plain = dpo_args(DPOTrainConfig(rpo_alpha=None), output_dir="unused")
+    assert (rpo.loss_type, rpo.loss_weights) == (["sigmoid", "sft"], [1.0, 1.0])
+    assert plain.loss_type == ["sigmoid"]
+    assert rpo.bf16 is False and rpo.gradient_checkpointing is False
+    assert (
+        dpo_args(
+            DPOTrainConfig(batch_size=64, per_device_batch_size=8), output_dir="x"
+        ).gradient_accumulation_steps
+        == 8
+    )
+    with pytest.raises(TaskContractError, match="beta"):
+        DPOTrainConfig(beta=0)
+
+
+def test_lora_dpo_saves_a_merged_model_atomically(tiny_model_dir, tmp_path) -> None:
+    out = tmp_path / "iter-1"
+    out.mkdir()
+    (out / "model.safetensors").write_text("half-written")  # a killed save: no marker, so it is redone
+    config = DPOTrainConfig.cpu(learning_rate=1e-3, rpo_alpha=1.0, max_length=256)
+    result = train_dpo(model_path=str(tiny_model_dir), pairs=make_pairs(5), config=config, output_dir=out)
+    assert is_complete(out) and require_complete(out) == result
+    assert result.num_examples == 4 and result.steps == 2  # 90% of 5 pairs, batch 2
+    assert math.isfinite(result.train_loss) and result.metrics["num_dropped"] == 0
+    # the reference is the start (adapter disabled), so the first DPO term is exactly log 2 and
+    # the first RPO loss adds the chosen NLL of a random model (about log |vocab|)
+    assert first_losses(out)[0] > math.log(2) + 5
+    before, after = weights(tiny_model_dir), weights(out)
+    assert set(before) == set(after)  # merged: plain weights, no LoRA keys
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert any("q_proj" in k for k in changed) and any("mlp.down_proj" in k for k in changed)
+    assert "model.embed_tokens.weight" not in changed
+    with pytest.raises(DataError, match="already holds a complete checkpoint"):
+        train_dpo(model_path=str(tiny_model_dir), pairs=make_pairs(5), config=config, output_dir=out)
+    assert not list(tmp_path.glob(".iter-1.tmp-*"))
+
+
+def test_plain_dpo_starts_at_log_two(tiny_model_dir, tmp_path) -> None:
+    config = DPOTrainConfig.cpu(learning_rate=1e-3, rpo_alpha=None, max_length=256)
+    out = tmp_path / "plain"
+    train_dpo(model_path=str(tiny_model_dir), pairs=make_pairs(3), config=config, output_dir=out)
+    assert first_losses(out)[0] == pytest.approx(math.log(2), abs=1e-4)
+
+
+def test_overlong_prompts_are_dropped_and_counted(tiny_model_dir, tmp_path) -> None:
+    config = DPOTrainConfig.cpu(max_length=10)
+    with pytest.raises(DataError, match="max_length"):
+        train_dpo(
+            model_path=str(tiny_model_dir), pairs=make_pairs(3), config=config, output_dir=tmp_path / "x"
+        )
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(DataError, match="no preference pairs"):
+        train_dpo(model_path=str(tiny_model_dir), pairs=[], config=config, output_dir=tmp_path / "x")
+
+
+@pytest.mark.slow
+def test_one_rpo_iteration_on_the_embedded_model_changes_the_weights(embedded, tmp_path) -> None:
+    from optima_env.models import resolve_model_path
+
+    config = DPOTrainConfig.cpu(rpo_alpha=1.0, max_length=256, batch_size=2, per_device_batch_size=2)
+    out = tmp_path / "idpo-1"
+    result = train_dpo(model_path="embedded", pairs=make_pairs(5), config=config, output_dir=out)
+    assert result.steps == 2 and math.isfinite(result.train_loss)
+    losses = first_losses(out)
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    assert losses[0] > math.log(2)  # DPO term log 2 at the start, plus the chosen NLL
+    before = embedded[0].state_dict()
+    after = weights(out)
+    changed = [k for k in before if not torch.equal(before[k].cpu(), after[k])]
+    assert any("self_attn.q_proj" in k for k in changed)
+    assert (out / COMPLETE_MARKER).is_file() and resolve_model_path("embedded") != str(out)

@@ -1,0 +1,144 @@
+"""iSFT selection on synthetic rewards, with hand-computed expectations (spec §5 item 4, §13 items 1-2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from optima_env import get_plugin_manager, hookimpl
+from optima_env.errors import DataError, TaskContractError
+from optima_env.types import Episode, RewardBreakdown
+from optima_trainers import plugin
+from optima_trainers.selection import SelectionConfig, best_per_instance, select_isft
+
+
+def ep(sample_id: str, total: float, *, seed: int = 0, flags: tuple[str, ...] = ()) -> Episode:
+    reward = RewardBreakdown(
+        task=0.0, token=0.0, readability=0.0, total=total, num_tokens=10, normalizer=10.0, flags=flags
+    )
+    return Episode(
+        task_id="t/x-v0",
+        sample_id=sample_id,
+        seed=seed,
+        agents=("Alice", "Bob"),
+        turns=(),
+        final_answer=None,
+        gold=("x",),
+        task_score=0.0,
+        terminated=False,
+        truncated=True,
+        end_reason="max_turns",
+        num_tokens=10,
+        system_prompts={},
+        base_system_prompts={},
+        reward=reward,
+    )
+
+
+# ten instances, two samples each; the best of each instance is the second sample
+BEST = {
+    "a": 0.95,
+    "b": 0.9,
+    "c": 0.85,
+    "d": 0.8,
+    "e": 0.7,
+    "f": 0.6,
+    "g": 0.55,
+    "h": 0.45,
+    "i": 0.3,
+    "j": 0.1,
+}
+EPISODES = [e for sid, r in BEST.items() for e in (ep(sid, r - 0.5, seed=1), ep(sid, r, seed=2))]
+
+
+def ids(episodes: list[Episode]) -> list[str]:
+    return [e.sample_id for e in episodes]
+
+
+def test_best_per_instance_takes_argmax_and_first_on_ties() -> None:
+    best = best_per_instance([ep("a", 0.2, seed=1), ep("a", 0.7, seed=2), ep("a", 0.7, seed=3), ep("b", 0.1)])
+    assert [(e.sample_id, e.seed) for e in best] == [("a", 2), ("b", 0)]
+
+
+def test_code_order_top_70_percent_then_threshold() -> None:
+    # sorted: a b c d e f g h i j -> top int(0.7*10)=7: a..g -> >= 0.6: a..f (f == 0.6 is kept)
+    chosen = select_isft(EPISODES, SelectionConfig(theta=0.6))
+    assert ids(chosen) == ["a", "b", "c", "d", "e", "f"]
+    assert all(e.seed == 2 for e in chosen)
+
+
+def test_paper_order_threshold_then_70_percent_of_survivors() -> None:
+    # >= 0.6: a..f (6) -> top int(0.7*6)=4: a b c d
+    chosen = select_isft(EPISODES, SelectionConfig(theta=0.6, order="paper"))
+    assert ids(chosen) == ["a", "b", "c", "d"]
+
+
+def test_orders_differ_when_threshold_binds_late() -> None:
+    # theta 0.0: code keeps top 7 (a..g); paper keeps 70% of 10 survivors = 7 too
+    assert ids(select_isft(EPISODES, SelectionConfig(theta=0.0))) == list("abcdefg")
+    # theta 0.5: code: a..g minus none below 0.5 -> a..g; paper: 7 survivors (a..g) -> int(4.9)=4
+    assert ids(select_isft(EPISODES, SelectionConfig(theta=0.5))) == list("abcdefg")
+    assert ids(select_isft(EPISODES, SelectionConfig(theta=0.5, order="paper"))) == list("abcd")
+
+
+def test_math_slice_drops_top_10_percent_too() -> None:
+    # [int(0.1*10):int(0.8*10)] = [1:8] = b..h -> >= 0.6: b..f
+    chosen = select_isft(EPISODES, SelectionConfig(theta=0.6, keep=(0.1, 0.8)))
+    assert ids(chosen) == ["b", "c", "d", "e", "f"]
+
+
+def test_threshold_is_on_total_reward_inclusive() -> None:
+    assert ids(select_isft(EPISODES, SelectionConfig(theta=0.95, keep=(0.0, 1.0)))) == ["a"]
+    assert ids(select_isft(EPISODES, SelectionConfig(theta=0.96, keep=(0.0, 1.0)))) == []
+
+
+def test_impersonating_best_is_dropped_even_under_a_very_low_threshold() -> None:
+    flagged = ep("k", 0.99 - 10.0, flags=("impersonation_sft",))  # the -10 is in the total already
+    episodes = [*EPISODES, flagged]
+    config = SelectionConfig(theta=-100.0, keep=(0.0, 1.0))
+    assert "k" not in ids(select_isft(episodes, config))
+    kept = select_isft(episodes, SelectionConfig(theta=-100.0, keep=(0.0, 1.0), drop_impersonation=False))
+    assert ids(kept)[-1] == "k"
+
+
+def test_impersonation_penalty_alone_loses_the_argmax() -> None:
+    episodes = [ep("a", 0.99 - 10.0, seed=1, flags=("impersonation_sft",)), ep("a", 0.3, seed=2)]
+    chosen = select_isft(episodes, SelectionConfig(theta=0.0, keep=(0.0, 1.0)))
+    assert [(e.sample_id, e.seed) for e in chosen] == [("a", 2)]
+
+
+def test_unscored_episode_is_an_error() -> None:
+    from dataclasses import replace
+
+    with pytest.raises(DataError, match="no reward"):
+        select_isft([replace(EPISODES[0], reward=None)])
+
+
+def test_bad_slice_is_rejected() -> None:
+    with pytest.raises(TaskContractError, match="slice"):
+        SelectionConfig(keep=(0.8, 0.1))
+
+
+class OverridePlugin:
+    @hookimpl
+    def optima_select_training_data(self, episodes, trainer, config):
+        return [e for e in episodes if e.sample_id == "j"]
+
+
+class DeferPlugin:
+    @hookimpl
+    def optima_select_training_data(self, episodes, trainer, config):
+        return None
+
+
+def test_hook_builtin_is_trylast_and_can_be_overridden() -> None:
+    pm = get_plugin_manager(autoload=False)
+    pm.register(plugin)
+    config = SelectionConfig(theta=0.6).to_dict()
+    assert ids(pm.hook.optima_select_training_data(episodes=EPISODES, trainer="isft", config=config)) == list(
+        "abcdef"
+    )
+    pm.register(DeferPlugin())
+    assert len(pm.hook.optima_select_training_data(episodes=EPISODES, trainer="isft", config=config)) == 6
+    pm.register(OverridePlugin())
+    chosen = pm.hook.optima_select_training_data(episodes=EPISODES, trainer="isft", config=config)
+    assert ids(chosen) == ["j", "j"]
