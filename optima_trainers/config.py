@@ -51,8 +51,12 @@ _ISFT = {
     "gsm8k": (2e-6, 3, 16, 0.4, 0.9, 0.6, 10, 7000),
     "arc": (1e-6, 4, 16, 0.5, 0.6, 0.6, 15, 2000),
     "mmlu": (1e-6, 2, 16, 0.6, 0.7, 0.6, 10, 10000),
-    "synth": (2e-5, 1, 8, 0.6, 1.0, 0.5, 4, 8),
+    "synth": (2e-5, 1, 8, 0.6, 1.0, -0.5, 4, 8),
 }
+# synth θ_sft = -0.5 (and θ_filter = -1, θ_diff = 0.05 below): the embedded 135M model gets no F1 on
+# it and often repeats a turn (readability term 0), so its rewards are negative; the paper's
+# thresholds would select nothing. These let the best of each group through (the top-70% cut and
+# the top-half-per-tree cut still apply).
 # iDPO: β, λ_token, λ_loss, θ_filter, θ_diff, MCTS instances/iteration, iterations after init
 _IDPO = {
     "hotpotqa": (0.1, 0.6, 1.0, 0.4, 0.2, 13000, 5),
@@ -63,7 +67,7 @@ _IDPO = {
     "gsm8k": (0.25, 0.6, 0.7, 0.5, 0.2, 7000, 5),
     "arc": (0.2, 0.4, 0.7, 0.45, 0.2, 10000, 2),
     "mmlu": (0.1, 0.6, 0.7, 0.4, 0.2, 10000, 5),
-    "synth": (0.1, 0.6, 1.0, 0.4, 0.2, 2, 1),
+    "synth": (0.1, 0.6, 1.0, -1.0, 0.05, 2, 1),
 }
 # iSFT-DPO: SFT lr, SFT epochs, SFT batch, β, λ_token, λ_loss, θ_sft, θ_filter, SFT inst, DPO inst, cycles
 _ISFT_DPO = {
@@ -75,7 +79,7 @@ _ISFT_DPO = {
     "gsm8k": (1e-6, 3, 16, 0.5, 0.4, 0.9, 0.6, 0.45, 7000, 7000, 3),
     "arc": (1e-6, 4, 16, 0.1, 0.5, 0.6, 0.6, 0.45, 10000, 10000, 2),
     "mmlu": (1e-6, 2, 16, 0.1, 0.6, 0.7, 0.7, 0.45, 10000, 10000, 3),
-    "synth": (2e-5, 1, 8, 0.1, 0.6, 1.0, 0.5, 0.4, 8, 2, 1),
+    "synth": (2e-5, 1, 8, 0.1, 0.6, 1.0, -0.5, -1.0, 8, 2, 1),
 }
 # The paper's Table 8 where it differs from the recipes (§13 items 5-6: paper = 6 models everywhere).
 _PAPER_DIFF: dict[str, dict[str, dict[str, Any]]] = {
@@ -337,7 +341,7 @@ def preset_values(
             values.update(rpo_alpha=1.0, normalizer_percentile=85.0)
         else:
             slr, sep, sbs, beta, dlt, dll, ths, tf, sinst, mcts, its = _ISFT_DPO[key]
-            td = 0.2
+            td = 0.05 if key == "synth" else 0.2
             values.update(
                 sft_lr=slr, sft_epochs=sep, sft_batch_size=sbs, sft_lambda_token=dlt,
                 sft_lambda_loss=dll, theta_sft=ths, instances=sinst, num_samples=10 if key != "synth" else n,
