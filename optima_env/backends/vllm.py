@@ -41,6 +41,12 @@ class VLLMPolicy:
     def __init__(self, llm: Any, tokenizer: Any = None) -> None:
         self.llm = llm
         self.tokenizer = tokenizer if tokenizer is not None else llm.get_tokenizer()
+        from vllm.platforms import current_platform
+
+        config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+        budget = getattr(getattr(config, "scheduler_config", None), "max_num_batched_tokens", None)
+        self.seeded_token_budget: int | None = budget if current_platform.is_cpu() else None
+        """On CPUs, seeded batches are split so each fits one scheduler step (see :meth:`generate`)."""
 
     @classmethod
     def from_pretrained(
@@ -72,11 +78,14 @@ class VLLMPolicy:
             cpu_kvcache_gb: sets ``VLLM_CPU_KVCACHE_SPACE`` (process-wide) before starting.
             cpu_threads_bind: sets ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"0-1"``; default: vLLM
                 binds one thread per physical core and keeps one core for its scheduler).
-            **llm_kwargs: passed to ``vllm.LLM`` as is.
+            **llm_kwargs: passed to ``vllm.LLM`` as is (on CPUs ``max_num_batched_tokens``
+                defaults to 32768, so that a seeded batch rarely needs splitting).
         """
         vllm = require("vllm", "vllm")
         from optima_env.models import resolve_model_path
 
+        if _on_cpu() and "max_num_batched_tokens" not in llm_kwargs:
+            llm_kwargs["max_num_batched_tokens"] = max(max_model_len, 32768)  # whole seeded batches per step
         if cpu_kvcache_gb is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kvcache_gb))
         if cpu_threads_bind is not None:
@@ -104,6 +113,12 @@ class VLLMPolicy:
         return cls(llm, transformers.AutoTokenizer.from_pretrained(path))
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[str]:
+        """One reply per request (see :class:`~optima_env.policy.ChatPolicy`).
+
+        vLLM-CPU 0.32 fails on a seeded request whose prompt is prefilled over several scheduler
+        steps ("CPU Generator does not use offset"), so on CPUs a seeded batch is sent in groups
+        whose prompts fit one step's token budget (``max_num_batched_tokens``).
+        """
         if not requests:
             return []
         vllm = require("vllm", "vllm")
@@ -128,8 +143,15 @@ class VLLMPolicy:
                     skip_special_tokens=True,
                 )
             )
+        groups = [range(len(prompts))]
+        if sampling.seed is not None and self.seeded_token_budget:
+            groups = _token_groups([len(p["prompt_token_ids"]) for p in prompts], self.seeded_token_budget)
         try:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            outputs = []
+            for group in groups:
+                outputs += self.llm.generate(
+                    [prompts[i] for i in group], [params[i] for i in group], use_tqdm=False
+                )
         except Exception as exc:
             raise BackendError(
                 f"vLLM failed on a batch of {len(prompts)} prompts ({type(exc).__name__}: {exc})"
@@ -156,3 +178,26 @@ class VLLMPolicy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _token_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive groups of indices whose lengths sum to at most ``budget`` (one item at least).
+
+    >>> _token_groups([3, 4, 2, 9, 1], 7)
+    [[0, 1], [2], [3], [4]]
+    """
+    groups: list[list[int]] = []
+    total = budget + 1
+    for i, n in enumerate(lengths):
+        if total + n > budget:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += n
+    return groups

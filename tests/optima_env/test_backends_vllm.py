@@ -24,6 +24,7 @@ def vllm_policy():
         enforce_eager=True,
         gpu_memory_utilization=0.2,
         cpu_kvcache_gb=1,
+        max_num_batched_tokens=1024,  # small, so that big batches need several scheduler steps
     )
     try:
         yield policy
@@ -68,3 +69,11 @@ def test_rollout_with_vllm_counts_tokens_with_the_tokenizer(vllm_policy) -> None
     for episode in episodes:
         assert all(t.text.startswith(f"{t.agent}:") for t in episode.turns)
         assert episode.num_tokens == sum(len(tokenizer.tokenize(t.text)) for t in episode.turns)
+
+
+def test_a_seeded_batch_larger_than_one_scheduler_step(vllm_policy) -> None:
+    requests = chat_requests(12)  # about 1350 prompt tokens, over the 1024-token step budget
+    sampling = SamplingParams(temperature=0.8, max_new_tokens=6, seed=2)
+    replies = vllm_policy.generate(requests, sampling)
+    assert [r.split(":")[0] for r in replies] == [q.prefix[:-1] for q in requests]
+    assert vllm_policy.generate(requests[:3], sampling) == replies[:3]
