@@ -124,9 +124,9 @@ _PROFILE_PAPER: dict[str, Any] = dict(
     dpo_lr=5e-7, dpo_batch_size=64, warmup_ratio=0.1,
 )  # fmt: skip
 _PROFILE_CPU: dict[str, Any] = dict(
-    instances=6, num_samples=4, max_turns=4, max_new_tokens=40, stop_at_speaker_tags=True,
-    sft_max_length=1024,
-    dpo_max_length=1024, per_device_batch_size=8, sft_batch_size=8, dpo_batch_size=8, lora=True,
+    instances=6, num_samples=3, max_turns=4, max_new_tokens=32, stop_at_speaker_tags=True,
+    sft_max_length=1024, dpo_max_length=1024, per_device_batch_size=2, sft_batch_size=8,
+    dpo_batch_size=8, lora=True,
     sft_lr=1e-4, sft_epochs=1, dpo_lr=5e-5, normalizer_instances=8, mcts_instances=2,
     mcts_selections=4, mcts_rollouts=2, concurrency=32, eval_fraction=0.0, warmup_ratio=0.0,
 )  # fmt: skip

@@ -3,14 +3,13 @@
 :func:`resumable_rollout` appends every finished episode to a JSONL file as it ends, tagged with
 its job (``metadata["job"] = [instance, sample]``). Called again on the same file (after a crash),
 it reloads the finished episodes, rewrites the file without a torn last line, and plays only the
-missing jobs. Because sampling depends only on each request (:mod:`optima_trainers.sampling`) and
-job seeds only on ``(seed, instance, sample)``, the result equals an uninterrupted run's.
+missing jobs. Because every request is sampled from its own seed (:func:`load_policy`) and job
+seeds depend only on ``(seed, instance, sample)``, the result equals an uninterrupted run's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +29,6 @@ from optima_trainers.faults import fault_point
 __all__ = [
     "episode_summary",
     "load_policy",
-    "read_jsonl",
     "resumable_rollout",
     "score_episodes",
     "with_readability",
@@ -169,17 +167,3 @@ def episode_summary(episodes: Sequence[Episode]) -> dict[str, float]:
         "rollout/turns": sum(len(e.turns) for e in episodes) / n,
         "reward/total": sum(rewards) / max(1, len(rewards)),
     }
-
-
-def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Plain JSON lines (a file written atomically, so no torn line is tolerated)."""
-    out = []
-    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{path}:{i + 1}: not JSON ({exc}); delete the file to regenerate it"
-                ) from exc
-    return out

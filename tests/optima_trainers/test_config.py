@@ -72,7 +72,7 @@ def test_idpo_and_isft_dpo_presets() -> None:
 
 def test_cpu_profile_sizes_and_overrides() -> None:
     config = resolve_config("ie/synth-v0", "isft", profile="cpu", iterations=3, max_steps=None)
-    assert config.lora and config.instances == 6 and config.num_samples == 4 and config.iterations == 3
+    assert config.lora and config.instances == 6 and config.num_samples == 3 and config.iterations == 3
     assert config.stop_at_speaker_tags and config.theta_sft == -0.5
     paper = resolve_config("ie/hotpotqa-v0", "isft", profile="paper")
     assert not paper.lora and not paper.stop_at_speaker_tags and paper.max_turns == 10
