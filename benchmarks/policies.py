@@ -88,6 +88,17 @@ def _follow(facts: list[tuple[str, str]], start: str) -> str | None:
     return answer
 
 
+def _verify_if_checkpoint(model: str) -> None:
+    """A folder written by ``optima_trainers`` (it has a ``COMPLETE`` marker) is checked against its
+    file list before loading; a truncated or altered checkpoint raises instead of being evaluated."""
+    from pathlib import Path
+
+    from optima_trainers.checkpoint import COMPLETE_MARKER, require_complete
+
+    if (Path(model) / COMPLETE_MARKER).is_file():
+        require_complete(model)
+
+
 def load_policy(model: str, *, backend: str, batch_size: int) -> tuple[ChatPolicy, Any]:
     """``(policy, tokenizer)`` for ``model``; the tokenizer is ``None`` for the scripted policy.
 
@@ -100,6 +111,7 @@ def load_policy(model: str, *, backend: str, batch_size: int) -> tuple[ChatPolic
     """
     if model == "scripted":
         return ReaderPolicy(), None
+    _verify_if_checkpoint(model)
     if backend not in BACKENDS:
         raise TaskContractError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     if backend == "openai":

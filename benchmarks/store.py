@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from optima_env.errors import DataError
-from optima_env.io import append_jsonl, read_episodes, write_episodes
+from optima_env.io import append_jsonl, read_episodes, read_text, write_episodes
 from optima_env.types import Episode
 
 __all__ = ["EpisodeStore", "UnitKey", "unit_key"]
@@ -46,7 +46,7 @@ class EpisodeStore:
         self._episodes: dict[UnitKey, Episode] = {}
         if not self.path.exists():
             return
-        lines = sum(1 for line in self.path.read_text(encoding="utf-8").split("\n") if line.strip())
+        lines = sum(1 for line in read_text(self.path).split("\n") if line.strip())
         episodes = read_episodes(self.path)
         for episode in episodes:
             self._episodes.setdefault(unit_key(episode), episode)

@@ -18,7 +18,15 @@ from typing import Any
 from optima_env.errors import DataError
 from optima_env.types import Episode
 
-__all__ = ["append_jsonl", "read_episodes", "write_episodes", "write_json_atomic", "write_text_atomic"]
+__all__ = [
+    "append_jsonl",
+    "read_episodes",
+    "read_json_object",
+    "read_text",
+    "write_episodes",
+    "write_json_atomic",
+    "write_text_atomic",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -60,14 +68,56 @@ def write_episodes(path: str | os.PathLike[str], episodes: Iterable[Episode]) ->
     write_text_atomic(path, "".join(json.dumps(e.to_dict(), ensure_ascii=False) + "\n" for e in episodes))
 
 
-def read_episodes(path: str | os.PathLike[str]) -> list[Episode]:
-    """Read a JSONL file of episodes. A torn final line (a crash mid-append) is skipped with a
-    warning; a bad line anywhere else raises :class:`DataError` naming file and line."""
+def read_text(path: str | os.PathLike[str]) -> str:
+    """A UTF-8 text file's content; :class:`DataError` names the file and the line of the first
+    bytes that are not UTF-8 (or why the file cannot be opened)."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read the file ({exc.strerror or exc})") from exc
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 ({exc}); the file is corrupt, delete or repair it") from exc
+        line = data.count(b"\n", 0, exc.start) + 1
+        bad = data[exc.start : exc.start + 4]
+        raise DataError(
+            f"{path}, line {line}: bytes that are not UTF-8 ({bad!r}); the file is corrupt: "
+            "delete or repair it"
+        ) from exc
+
+
+def read_json_object(path: str | os.PathLike[str], *, fix: str = "delete or repair it") -> dict[str, Any]:
+    """A JSON file holding one object (``config.json``, ``result.json``, ...).
+
+    Raises :class:`DataError` naming the file (and the line, for bytes that are not UTF-8 and for
+    invalid or truncated JSON) when it is unreadable, empty, not JSON or not an object; ``fix``
+    says what to do about it.
+    """
+    text = read_text(path)
+    if not text.strip():
+        raise DataError(f"{path}: empty file; {fix}")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        cut = "" if text.rstrip().endswith("}") else ", the file looks truncated"
+        raise DataError(
+            f"{path}, line {exc.lineno}, column {exc.colno}: invalid JSON ({exc.msg}{cut}); {fix}"
+        ) from exc
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: expected a JSON object, got {type(data).__name__}; {fix}")
+    return data
+
+
+def read_episodes(path: str | os.PathLike[str]) -> list[Episode]:
+    """Read a JSONL file of episodes (an empty file holds none).
+
+    A torn final line (a crash mid-append: no newline after it) is skipped with a warning; a bad
+    line anywhere else (invalid JSON, a missing, unknown or mistyped field), and bytes that are
+    not UTF-8, raise :class:`DataError` naming file, line and field.
+    """
+    path = Path(path)
+    lines = read_text(path).split("\n")
     episodes: list[Episode] = []
     for i, line in enumerate(lines):
         if not line.strip():
@@ -78,5 +128,5 @@ def read_episodes(path: str | os.PathLike[str]) -> list[Episode]:
             if i == len(lines) - 1:  # no newline after it: the append was interrupted
                 logger.warning("%s:%d: skipping a torn last line (interrupted write)", path, i + 1)
                 continue
-            raise DataError(f"{path}:{i + 1}: not a valid episode record: {exc}") from exc
+            raise DataError(f"{path}, line {i + 1}: not a valid episode record: {exc}") from exc
     return episodes

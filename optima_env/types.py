@@ -8,6 +8,9 @@ episode.to_dict()))) == episode``. Change a record with :func:`dataclasses.repla
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +24,7 @@ __all__ = [
     "RewardBreakdown",
     "TaskSample",
     "Turn",
+    "check_fields",
 ]
 
 _record = dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,33 +149,106 @@ class Episode:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Episode:
-        """Rebuild an episode from :meth:`to_dict` output; raises :class:`DataError` on bad input."""
+        """Rebuild an episode from :meth:`to_dict` output.
+
+        Raises :class:`DataError` naming the first bad field (``field 'turns[1].num_tokens':
+        expected int, got str``) when a field is missing, unknown or of the wrong type.
+        """
         if not isinstance(data, Mapping):
             raise DataError(f"an episode must be a JSON object, got {type(data).__name__}")
-        try:
-            turns = tuple(Turn(**t) for t in data["turns"])
-            reward = data.get("reward")
-            return cls(
-                **{
-                    **{k: v for k, v in data.items() if k not in {"turns", "reward"}},
-                    "agents": tuple(data["agents"]),
-                    "gold": tuple(data["gold"]),
-                    "turns": turns,
-                    "reward": None
-                    if reward is None
-                    else RewardBreakdown(**{**reward, "flags": tuple(reward.get("flags", ()))}),
-                }
-            )
-        except (KeyError, TypeError) as exc:
-            raise DataError(
-                f"not a valid episode record: {exc}; expected the fields "
-                f"{[f.name for f in dataclasses.fields(cls)]}, got {sorted(data)}"
-            ) from exc
+        check_fields(cls, data)
+        for i, turn in enumerate(data["turns"]):
+            check_fields(Turn, turn, prefix=f"turns[{i}].")
+        reward = data.get("reward")
+        if reward is not None:
+            check_fields(RewardBreakdown, reward, prefix="reward.")
+        return cls(
+            **{
+                **{k: v for k, v in data.items() if k not in {"turns", "reward"}},
+                "agents": tuple(data["agents"]),
+                "gold": tuple(data["gold"]),
+                "turns": tuple(Turn(**t) for t in data["turns"]),
+                "reward": None
+                if reward is None
+                else RewardBreakdown(**{**reward, "flags": tuple(reward.get("flags", ()))}),
+            }
+        )
 
     @property
     def answer_turns(self) -> tuple[Turn, ...]:
         """The turns that carry an answer."""
         return tuple(t for t in self.turns if t.answer is not None)
+
+
+def check_fields(cls: type, data: Any, *, prefix: str = "") -> None:
+    """Check that ``data`` (parsed JSON) has every required field of the dataclass ``cls``, no
+    unknown one, and values of the annotated types (nested records are checked by the caller).
+
+    Raises :class:`DataError` naming the field: ``field 'x': missing``, ``field 'x': expected
+    int, got str`` or ``field 'x': unknown; expected the fields [...]``.
+
+    >>> check_fields(Turn, {"index": 0, "agent": "Alice", "text": "Alice: hi", "num_tokens": "3"})
+    Traceback (most recent call last):
+    ...
+    optima_env.errors.DataError: field 'num_tokens': expected int, got str ('3')
+    """
+    if not isinstance(data, Mapping):
+        raise DataError(f"field '{prefix.rstrip('.') or cls.__name__}': expected an object, {_got(data)}")
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                has = sorted(data) if len(data) <= 12 else f"{len(data)} other fields"
+                raise DataError(f"field '{prefix}{f.name}': missing; the record has {has}")
+            continue
+        if not _matches(data[f.name], hints[f.name]):
+            raise DataError(
+                f"field '{prefix}{f.name}': expected {_type_name(hints[f.name])}, {_got(data[f.name])}"
+            )
+    unknown = sorted(set(data) - set(hints))
+    if unknown:
+        raise DataError(f"field '{prefix}{unknown[0]}': unknown; expected the fields {sorted(hints)}")
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether parsed JSON ``value`` fits ``hint`` (records nested in it are only checked as objects)."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        return isinstance(value, (list, tuple)) and all(_matches(v, item) for v in value)
+    if origin is not None and issubclass(origin, Mapping):
+        _, item = typing.get_args(hint)
+        return isinstance(value, Mapping) and all(_matches(v, item) for v in value.values())
+    if dataclasses.is_dataclass(hint):
+        return isinstance(value, Mapping)
+    return isinstance(value, hint)
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def _got(value: Any) -> str:
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"got {type(value).__name__} ({shown})"
 
 
 def _to_jsonable(value: Any) -> Any:

@@ -2,14 +2,27 @@
 
 A checkpoint is a plain transformers model folder (LoRA already merged), so the next iteration,
 a rollout or ``benchmarks.run`` loads it like any model. It is written into a temporary sibling
-folder, a ``COMPLETE`` marker is written last, and the folder is then renamed into place. A
-folder without the marker (a run killed while saving) is never loaded: :func:`is_complete`
-says no, :func:`discard_partial` removes it, and the stage is trained again.
+folder, a ``COMPLETE`` marker is written last, and the folder is then renamed into place.
+
+The marker is a small JSON manifest: the training summary (the :class:`TrainResult` fields) and
+``files``, the relative path, size and sha256 of every other file of the folder (each fsync'ed
+while it is hashed). Two kinds of damage are told apart:
+
+* **partial** (no marker: a run killed while saving): :func:`is_complete` says no,
+  :func:`discard_partial` removes it, and a resumed run trains the stage again;
+* **corrupt** (a marker whose manifest no longer matches the files, e.g. weights truncated by a
+  full disk or altered after the checkpoint was finished; never produced by a crash of the
+  writer): :func:`require_complete`, which the trainer calls before it loads any checkpoint,
+  raises :class:`CorruptCheckpointError` naming the file. The run stops loudly instead of
+  deleting anything: the message says to delete the folder and resume, which retrains it.
+
+Markers written before manifests existed (no ``files`` key) are accepted unverified.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +35,7 @@ from optima_env.errors import DataError
 
 __all__ = [
     "COMPLETE_MARKER",
+    "CorruptCheckpointError",
     "TrainResult",
     "atomic_checkpoint",
     "discard_partial",
@@ -31,7 +45,14 @@ __all__ = [
 ]
 
 COMPLETE_MARKER = "COMPLETE"
-"""File written last inside a finished checkpoint folder (JSON: the training summary)."""
+"""File written last inside a finished checkpoint folder (JSON: the training summary and the
+``files`` manifest: relative path -> ``{"size": bytes, "sha256": hex}``)."""
+
+_CHUNK = 1 << 20
+
+
+class CorruptCheckpointError(DataError):
+    """Raised when a checkpoint's files no longer match the manifest in its ``COMPLETE`` marker."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,22 +96,96 @@ class TrainResult:
 
 
 def is_complete(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` is a checkpoint folder whose ``COMPLETE`` marker was written."""
+    """True when ``path`` is a checkpoint folder whose ``COMPLETE`` marker was written.
+
+    A cheap check (the writer finished); it does not read the files. :func:`require_complete`
+    verifies them against the manifest, and is what callers use before loading the checkpoint.
+    """
     return (Path(path) / COMPLETE_MARKER).is_file()
 
 
 def require_complete(path: str | os.PathLike[str]) -> TrainResult:
-    """The summary stored in a complete checkpoint; raises :class:`DataError` otherwise."""
-    marker = Path(path) / COMPLETE_MARKER
+    """The summary stored in a complete checkpoint, after verifying its files against the manifest.
+
+    Raises:
+        DataError: ``path`` has no ``COMPLETE`` marker (interrupted while being written).
+        CorruptCheckpointError: the marker is unreadable, or a file it lists is missing or has
+            another size or sha256 than when the checkpoint was finished. The message names the
+            file and says what to do (delete the folder, then resume to retrain it).
+    """
+    path = Path(path)
+    marker = path / COMPLETE_MARKER
     if not marker.is_file():
         raise DataError(
             f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker): it was interrupted "
             "while being written; delete it (or resume the run, which retrains it)"
         )
+    fix = f"delete the folder {path} and resume the run (--resume), which trains that stage again"
     try:
-        return TrainResult.from_dict(json.loads(marker.read_text(encoding="utf-8")))
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{marker}: corrupt marker ({exc}); delete the checkpoint and resume") from exc
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptCheckpointError(f"{marker}: corrupt marker ({exc}); {fix}") from exc
+    if not isinstance(data, dict):
+        raise CorruptCheckpointError(f"{marker}: expected a JSON object, got {type(data).__name__}; {fix}")
+    files = data.get("files")
+    if files is not None:  # no manifest: a marker written before manifests existed
+        _verify_files(path, marker, files, fix)
+    try:
+        return TrainResult.from_dict(data)
+    except DataError as exc:
+        raise CorruptCheckpointError(f"{marker}: {exc}; {fix}") from exc
+
+
+def _verify_files(path: Path, marker: Path, files: Any, fix: str) -> None:
+    if not isinstance(files, dict):
+        raise CorruptCheckpointError(f"{marker}: field 'files': expected an object, got {files!r:.80}; {fix}")
+    for name, entry in sorted(files.items()):
+        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int):
+            raise CorruptCheckpointError(
+                f"{marker}: field 'files.{name}': expected {{'size': int, 'sha256': str}}, "
+                f"got {entry!r:.80}; {fix}"
+            )
+        target = path / name
+        if not target.is_file():
+            raise CorruptCheckpointError(f"{target}: listed in {marker} but missing; {fix}")
+        size = target.stat().st_size
+        if size != entry["size"]:
+            raise CorruptCheckpointError(
+                f"{target}: {size} bytes, but {entry['size']} when the checkpoint was finished "
+                f"(truncated or altered); {fix}"
+            )
+        if _sha256(target) != entry.get("sha256"):
+            raise CorruptCheckpointError(
+                f"{target}: sha256 differs from the one recorded in {marker} (altered after the "
+                f"checkpoint was finished); {fix}"
+            )
+
+
+def _sha256(path: Path, *, sync: bool = False) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+        if sync:
+            os.fsync(handle.fileno())
+    return digest.hexdigest()
+
+
+def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every file under ``folder`` but the marker (each fsync'ed)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
+    return {
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p, sync=True)}
+        for p in files
+    }
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def discard_partial(path: str | os.PathLike[str]) -> bool:
@@ -112,16 +207,17 @@ def atomic_checkpoint(path: str | os.PathLike[str]) -> Iterator[tuple[Path, Call
     """Write a checkpoint folder atomically.
 
     Yields ``(tmp_dir, finish)``: save the model into ``tmp_dir``, then call ``finish(result)``,
-    which writes the marker (the summary as JSON) and renames the folder to ``path``. If the
-    block raises or ``finish`` is never called, nothing appears at ``path``.
+    which writes the marker (the summary and the manifest of every file, as JSON) and renames the
+    folder to ``path``. If the block raises or ``finish`` is never called, nothing appears at
+    ``path``.
 
     >>> import tempfile, pathlib
     >>> root = pathlib.Path(tempfile.mkdtemp())
     >>> with atomic_checkpoint(root / "ckpt") as (tmp, finish):
     ...     _ = (tmp / "weights").write_text("w")
     ...     finish(TrainResult(checkpoint=str(root / "ckpt"), train_loss=1.0, steps=1, num_examples=2))
-    >>> is_complete(root / "ckpt")
-    True
+    >>> is_complete(root / "ckpt"), require_complete(root / "ckpt").steps
+    (True, 1)
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,11 +231,14 @@ def atomic_checkpoint(path: str | os.PathLike[str]) -> Iterator[tuple[Path, Call
     def finish(result: TrainResult) -> None:
         nonlocal done
         marker = tmp / COMPLETE_MARKER
+        record = {**result.to_dict(), "files": _manifest(tmp)}
         with open(marker, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(result.to_dict(), indent=2) + "\n")
+            handle.write(json.dumps(record, indent=2) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+        _fsync_dir(tmp)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
         done = True
 
     try:

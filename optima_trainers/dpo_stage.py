@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optima_env.errors import DataError
-from optima_env.io import append_jsonl, read_episodes
+from optima_env.io import append_jsonl, read_episodes, read_text
 from optima_env.policy import SamplingParams
 from optima_env.reward import percentile_normalizer
 from optima_env.rollout import make_jobs
@@ -55,7 +55,7 @@ def _finished_chunks(path: Path) -> dict[int, list[dict[str, Any]]]:
     if not path.is_file():
         return {}
     done: dict[int, list[dict[str, Any]]] = {}
-    lines = path.read_text(encoding="utf-8").split("\n")
+    lines = read_text(path).split("\n")
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -64,8 +64,17 @@ def _finished_chunks(path: Path) -> dict[int, list[dict[str, Any]]]:
         except json.JSONDecodeError as exc:
             if i == len(lines) - 1:
                 continue  # the append was interrupted: that chunk is regrown
-            raise DataError(f"{path}:{i + 1}: not JSON ({exc}); delete the file to regrow the trees") from exc
-        done[int(record["chunk"])] = record["trees"]
+            raise DataError(
+                f"{path}, line {i + 1}: invalid JSON ({exc}); delete the file to regrow the trees"
+            ) from exc
+        for name, type_ in (("chunk", int), ("trees", list)):
+            value = record.get(name) if isinstance(record, dict) else None
+            if not isinstance(value, type_) or isinstance(value, bool):
+                raise DataError(
+                    f"{path}, line {i + 1}: field '{name}': expected {type_.__name__}, got "
+                    f"{type(value).__name__}; delete the file to regrow the trees"
+                )
+        done[record["chunk"]] = record["trees"]
     good = "".join(json.dumps({"chunk": c, "trees": t}) + "\n" for c, t in sorted(done.items()))
     path.write_text(good, encoding="utf-8")
     return done

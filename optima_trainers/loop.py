@@ -61,7 +61,7 @@ from optima_trainers.generation import (
     score_episodes,
     with_readability,
 )
-from optima_trainers.runs import RunDir, read_json
+from optima_trainers.runs import RunDir, read_stage_result
 from optima_trainers.selection import SelectionConfig
 
 __all__ = ["IterativeTrainer", "Stage", "plan_stages", "stage_seed"]
@@ -160,9 +160,10 @@ class IterativeTrainer:
             for stage in plan_stages(self.config):
                 done = self.run_dir.root / stage.name / "result.json"
                 if done.is_file():
-                    record = read_json(done)
+                    record = read_stage_result(done)
                 else:
                     self.pm.hook.optima_iteration_start(iteration=stage.number, config=self.config.to_dict())
+                    self._verify_model(model)
                     runner = self._sft_stage if stage.kind == "sft" else self._dpo_stage
                     record = runner(stage, model, cursor)
                     record = {**record, "model": self.run_dir.portable(record["model"])}
@@ -184,6 +185,7 @@ class IterativeTrainer:
             folder = self.run_dir.root / stage.name
             done = folder / "result.json"
             if not done.is_file():
+                self._verify_model(model)
                 if stage.kind == "sft":
                     selected = read_episodes(_wait_for(folder / "selected.jsonl", done))
                     start = self.base_model if stage.init or self.config.restart_from_base else model
@@ -191,8 +193,16 @@ class IterativeTrainer:
                 else:
                     train_dpo_stage(self, folder, model, read_pairs(_wait_for(folder / "pairs.jsonl", done)))
                 _wait_for(done)
-            model = self.run_dir.model_path(read_json(done)["model"])
+            model = self.run_dir.model_path(read_stage_result(done)["model"])
         return self.run_dir.metrics()
+
+    def _verify_model(self, model: str) -> None:
+        """Verify a checkpoint before a stage loads it: one of this run's (it must be complete),
+        or any folder with a ``COMPLETE`` marker. A corrupt one raises
+        :class:`~optima_trainers.checkpoint.CorruptCheckpointError`: the run stops, nothing is deleted."""
+        path = Path(model)
+        if is_complete(path) or (path.is_absolute() and path.is_relative_to(self.run_dir.root)):
+            require_complete(path)
 
     def _indices(self, start: int, count: int) -> list[int]:
         return [(start + j) % self.num_train for j in range(count)]

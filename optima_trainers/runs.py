@@ -13,7 +13,7 @@ Layout (``runs/<task>__<trainer>__<seed>__<time>/`` by default)::
         normalizer.jsonl   DPO stages: the token-normalizer rollouts (appended, resumed)
         trees.jsonl        DPO stages: per chunk of trees, their pairs (appended, resumed by chunk)
         pairs.jsonl        DPO stages: the kept preference pairs (atomic)
-        checkpoint/        the trained model (temp folder + COMPLETE marker + rename)
+        checkpoint/        the trained model (temp folder + COMPLETE manifest + rename)
         result.json        the stage's outcome: next model and metrics (atomic; marks it done)
 """
 
@@ -29,10 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from optima_env.errors import DataError, TaskContractError
-from optima_env.io import append_jsonl, write_json_atomic
+from optima_env.io import append_jsonl, read_json_object, read_text, write_json_atomic
+from optima_env.types import check_fields
 from optima_trainers.config import TrainConfig
 
-__all__ = ["RunDir", "default_run_name", "read_json"]
+__all__ = ["RunDir", "default_run_name", "read_json", "read_stage_result"]
+
+_RESULT_FIELDS = {"model": str, "cursor_end": int, "metrics": dict}
 
 
 def default_run_name(config: TrainConfig) -> str:
@@ -43,11 +46,21 @@ def default_run_name(config: TrainConfig) -> str:
 
 
 def read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A JSON file written atomically by the run (``result.json``, ...)."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: corrupt ({exc}); delete it to rerun that stage's last phase") from exc
+    """A JSON object written atomically by the run (``result.json``, ...); :class:`DataError`
+    (naming the file, and the line when the JSON is broken) if it is corrupt."""
+    return read_json_object(path, fix="delete it to rerun that stage's last phase")
+
+
+def read_stage_result(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A stage's ``result.json``, checked to hold ``model`` (str), ``cursor_end`` (int) and
+    ``metrics`` (object); :class:`DataError` names the file and the bad field."""
+    record = read_json(path)
+    for name, type_ in _RESULT_FIELDS.items():
+        value = record.get(name)
+        if not isinstance(value, type_) or isinstance(value, bool):
+            got = f"expected {type_.__name__}, got {type(value).__name__}" if name in record else "missing"
+            raise DataError(f"{path}: field '{name}': {got}; delete it to rerun that stage's last phase")
+    return record
 
 
 class RunDir:
@@ -92,11 +105,14 @@ class RunDir:
         path = root / "config.json"
         if not path.is_file():
             raise DataError(f"{root} is not a run folder (no config.json); check --run-dir")
+        fix = "the run cannot be resumed: repair the file, or start a new run"
+        data = read_json_object(path, fix=fix)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: corrupt ({exc}); the run cannot be resumed") from exc
-        return cls(root), TrainConfig.from_dict(data)
+            check_fields(TrainConfig, data)
+            config = TrainConfig.from_dict(data)
+        except (DataError, TaskContractError) as exc:
+            raise DataError(f"{path}: {exc}; {fix}") from exc
+        return cls(root), config
 
     @staticmethod
     def latest(base: str | os.PathLike[str], prefix: str) -> Path | None:
@@ -121,10 +137,13 @@ class RunDir:
         path = self.root / "state.json"
         if not path.is_file():
             return {}
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:  # written atomically: only a foreign edit gets here
-            raise DataError(f"{path}: corrupt ({exc}); delete it, the run's files carry the truth") from exc
+        # written atomically: only a foreign edit gets a bad file here
+        fix = "delete it, the run's files carry the truth"
+        state = read_json_object(path, fix=fix)
+        if not isinstance(state.get("timings", {}), dict):
+            got = type(state["timings"]).__name__
+            raise DataError(f"{path}: field 'timings': expected object, got {got}; {fix}")
+        return state
 
     def save_state(self, **updates: Any) -> dict[str, Any]:
         """Merge ``updates`` into the state and write it atomically."""
@@ -149,11 +168,23 @@ class RunDir:
         if not path.is_file():
             return []
         out = []
-        for line in path.read_text(encoding="utf-8").splitlines():
+        text = read_text(path)
+        lines = text.split("\n")
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a torn last line of an interrupted append; the stage re-appends it
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                if i == len(lines) - 1:
+                    continue  # a torn last line of an interrupted append; the stage re-appends it
+                raise DataError(f"{path}, line {i + 1}: invalid JSON ({exc}); delete that line") from exc
+            if not isinstance(record, dict) or not isinstance(record.get("stage"), str):
+                raise DataError(
+                    f"{path}, line {i + 1}: field 'stage': expected a JSON object with a str 'stage', "
+                    f"got {line[:60]!r}; delete that line"
+                )
+            out.append(record)
         return out
 
     def append_metrics(self, record: Mapping[str, Any]) -> None:
@@ -162,7 +193,7 @@ class RunDir:
             return
         path = self.root / "metrics.jsonl"
         if path.is_file():
-            text = path.read_text(encoding="utf-8")
+            text = read_text(path)
             if text and not text.endswith("\n"):  # drop a torn line before appending
                 path.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
         append_jsonl(path, [dict(record)])

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from optima_env.errors import DataError
-from optima_env.io import write_text_atomic
+from optima_env.io import read_text, write_text_atomic
+from optima_env.types import check_fields
 from optima_trainers.checkpoint import TrainResult
 
 __all__ = ["PreferencePair", "TrainResult", "read_pairs", "write_pairs"]
@@ -86,6 +87,7 @@ class PreferencePair:
         """Rebuild a pair from :meth:`to_dict` output; raises :class:`DataError` on bad input."""
         if not isinstance(data, Mapping):
             raise DataError(f"a preference pair must be a JSON object, got {type(data).__name__}")
+        check_fields(cls, data)
         try:
             return cls(
                 prompt=tuple({"role": m["role"], "content": m["content"]} for m in data["prompt"]),
@@ -115,11 +117,11 @@ def read_pairs(path: str | os.PathLike[str]) -> list[PreferencePair]:
     """Read a JSONL file written by :func:`write_pairs`; a bad line raises :class:`DataError`."""
     path = Path(path)
     pairs = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+    for i, line in enumerate(read_text(path).splitlines()):
         if not line.strip():
             continue
         try:
             pairs.append(PreferencePair.from_dict(json.loads(line)))
         except (json.JSONDecodeError, DataError) as exc:
-            raise DataError(f"{path}:{i + 1}: {exc}") from exc
+            raise DataError(f"{path}, line {i + 1}: not a valid preference pair: {exc}") from exc
     return pairs

@@ -76,3 +76,62 @@ def test_the_checker_catches_what_it_forbids() -> None:
 
 def test_sources_were_found() -> None:
     assert len(python_files()) > 20
+
+
+# -- API keys: read from the environment only, never written to a run folder or a log ------------
+SECRET = "sk-test-SECRET-5f1c9a7e"
+
+
+def _assert_no_secret(folder: Path, *texts: str) -> None:
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    assert files, f"nothing was written under {folder}"
+    leaked = [str(p) for p in files if SECRET.encode() in p.read_bytes()]
+    assert not leaked, f"the API key was written to {leaked}"
+    assert all(SECRET not in text for text in texts), "the API key reached the output or the logs"
+
+
+def test_benchmark_run_folder_and_output_hold_no_api_key(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OPENAI_API_KEY": SECRET, "OPTIMA_API_KEY": SECRET, "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "bench"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--model", "scripted", "--episodes", "1", "--out", str(out)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "episodes.jsonl").is_file() and (out / "results.json").is_file()
+    _assert_no_secret(out, done.stdout, done.stderr)
+
+
+def test_episodes_generated_with_a_keyed_server_hold_no_api_key(tmp_path: Path, monkeypatch, caplog) -> None:
+    """The OpenAI-compatible backend sends the key to the server, and nowhere else."""
+    import logging
+
+    from optima_env.policy import SamplingParams
+    from optima_env.registry import make_task
+    from optima_env.rollout import make_jobs
+    from optima_trainers.config import resolve_config
+    from optima_trainers.generation import resumable_rollout
+    from optima_trainers.runs import RunDir
+    from tests.optima_env.test_backends_openai import StubServer, echo, fast_policy
+
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    caplog.set_level(logging.DEBUG)
+    run = RunDir.create(resolve_config("ie/synth-v0", "isft"), run_dir=tmp_path / "run")
+    with StubServer(echo) as server, fast_policy(server.url) as policy:
+        episodes = resumable_rollout(
+            make_task("ie/synth-v0"),
+            policy,
+            jobs=make_jobs(range(2), 1, seed=0),
+            path=run.stage("iter_00") / "episodes.jsonl",
+            sampling=SamplingParams(max_new_tokens=8),
+            env_kwargs={"max_turns": 2},
+            concurrency=2,
+            progress=False,
+        )
+    assert len(episodes) == 2 and server.headers[0]["Authorization"] == f"Bearer {SECRET}"
+    run.record_phase("iter_00", "generate", 0.1)
+    _assert_no_secret(run.root, caplog.text)

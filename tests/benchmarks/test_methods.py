@@ -194,3 +194,16 @@ def test_mad_debate_prompts_follow_the_roles() -> None:
     three = StyledTask(DebateTask(num_agents=3), "natural").views(sample, rng=random.Random(0))
     assert all("nobody has a fixed role" in v.system_prompt for v in three.values())
     assert "Bob and Charlie" in three["Alice"].system_prompt
+
+
+def test_a_corrupt_trained_checkpoint_is_refused_before_loading(tmp_path) -> None:
+    """``--checkpoint`` folders written by the trainers are verified against their manifest."""
+    from benchmarks.policies import load_policy
+    from optima_trainers.checkpoint import CorruptCheckpointError
+    from tests.optima_trainers.test_cli_and_runs import _finished_checkpoint
+
+    target = tmp_path / "ckpt"
+    _finished_checkpoint(target)
+    (target / "model.safetensors").write_bytes(b"truncated")
+    with pytest.raises(CorruptCheckpointError, match="model.safetensors"):
+        load_policy(str(target), backend="hf", batch_size=1)

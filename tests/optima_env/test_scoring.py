@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -592,3 +593,121 @@ def test_f1_with_itself_is_one_or_empty(text):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_math_equal_never_crashes(prediction, gold):
     assert math_equal(prediction, gold, timeout=2.0) in (True, False)
+
+
+# --------------------------------------------------------------------------- every export, fuzzed
+
+NASTY_TEXT = st.one_of(
+    ANY_TEXT,
+    st.sampled_from(
+        [
+            "x" * N,  # 100,000 characters
+            "<A>" * (N // 3),
+            "<A>" + "a" * N + "</A>",
+            "<A><A>1</A></A>",
+            "</A>2<A>",
+            "<A>3</A" * 100,
+            "\\boxed{1}" * (N // 9),  # many \boxed
+            "\\boxed{" * 200 + "4",
+            "\\boxed{\\boxed{\\boxed{5}}}",
+            "{" * 5000 + "}" * 4000,
+            "Alice: the answer is <A>6</A>\nBob: no, <A>7</A>",  # one agent speaking for the other
+            "#### 8",
+            "\x00\ud800\ue000\U0010ffff",
+        ]
+    ),
+    st.builds(lambda a, b: f"{a}<A>{b}</A>\\boxed{{{b}}}", st.text(max_size=40), st.text(max_size=40)),
+)
+
+# One call per public name: a new export fails test_every_export_is_fuzzed until it is added here.
+SCORER_CALLS = {
+    "choice_match": lambda p, g: choice_match(p, ["x", g or "y", p or "z"], "x"),
+    "cluster_answers": lambda p, g: cluster_answers([p, g, p], f1),
+    "exact_match": lambda p, g: exact_match(p, [g, "x"]),
+    "extract_boxed": lambda p, g: extract_boxed(p),
+    "extract_gsm8k_gold": lambda p, g: extract_gsm8k_gold(f"{p}\n#### {g}") if "####" not in g else None,
+    "extract_tagged": lambda p, g: extract_tagged(p),
+    "f1": lambda p, g: (f1(p, g), f1(p, [g, p], tokenizer=SplitTokenizer())),
+    "gsm8k_equal": lambda p, g: (gsm8k_equal(p, "18"), gsm8k_equal(p, "18", mode="code")),
+    "majority_vote": lambda p, g: majority_vote([p, g, g], similarity=exact_match),
+    "math_equal": lambda p, g: math_equal(p, g, timeout=2.0),
+    "normalize_answer": lambda p, g: normalize_answer(p),
+    "normalize_math_answer": lambda p, g: normalize_math_answer(p),
+}
+NOT_CALLABLE = {"MAX_VERIFY_CHARS", "Tokenizer"}  # a constant and a Protocol
+
+
+def _check_score(name: str, value: object) -> None:
+    if isinstance(value, tuple) and name not in {"majority_vote"}:
+        for item in value:
+            _check_score(name, item)
+    elif name in {"extract_boxed", "extract_tagged", "extract_gsm8k_gold"}:
+        assert value is None or isinstance(value, str), name
+    elif name in {"normalize_answer", "normalize_math_answer"}:
+        assert isinstance(value, str), name
+    elif name == "cluster_answers":
+        assert sorted(i for group in value for i in group) == [0, 1, 2]
+    elif name == "majority_vote":
+        winner, group = value
+        assert winner in group and set(group) <= {0, 1, 2}
+    else:
+        assert isinstance(value, (bool, float)) and 0.0 <= float(value) <= 1.0, (name, value)
+
+
+def test_every_export_is_fuzzed():
+    assert set(SCORER_CALLS) | NOT_CALLABLE == set(scoring.__all__)
+
+
+@given(NASTY_TEXT, NASTY_TEXT)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_every_exported_scorer_survives_any_text(prediction, gold):
+    for name, call in SCORER_CALLS.items():
+        _check_score(name, call(prediction, gold))
+    no_answer = (f1(None, gold), exact_match(None, gold), choice_match(None, ["x", "y"], "x"))
+    assert no_answer == (0.0, 0.0, False) and math_equal(None, gold) is False
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "9" * 5000 + "^" + "9" * 5000,  # over MAX_VERIFY_CHARS: never parsed
+        "9" * 900 + "^" + "9" * 900,  # under it: parsed, in the worker, under the timeout
+        "{" * 900 + "1" + "}" * 900,  # deeply nested braces
+        "\\frac{" * 300 + "1" + "}{2}" * 300,
+        "\\sqrt{" * 500 + "2" + "}" * 500,
+        "(" * 1500 + ")" * 1500,
+        "\\boxed{" + "9^" * 900 + "9}",
+    ],
+)
+def test_math_equal_returns_on_pathological_input(bad):
+    """Only that it returns a bool within its own timeout (the worker is killed otherwise)."""
+    assert math_equal(bad, "1", timeout=2.0) in (True, False)
+    assert math_equal("1", bad, timeout=2.0) in (True, False)
+
+
+@functools.cache
+def _task_sample(task_id: str):
+    from optima_env import DataError, make_task
+
+    task = make_task(task_id)
+    for split in ("test", "train"):
+        try:
+            samples = task.samples(split)
+        except DataError:
+            continue
+        if samples:
+            return task, samples[0]
+    pytest.skip(f"{task_id}: data unavailable here")
+
+
+@pytest.mark.parametrize("task_id", __import__("optima_env").list_tasks())
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=NASTY_TEXT)
+def test_every_task_extracts_and_scores_any_text(task_id, text):
+    """The registry path (task.extract_answer, then task.score) of every registered task."""
+    task, sample = _task_sample(task_id)
+    answer = task.extract_answer(text)
+    assert answer is None or isinstance(answer, str)
+    for candidate in (answer, text, None):
+        score = task.score(candidate, sample)
+        assert isinstance(score, (int, float)) and 0.0 <= score <= 1.0, (task_id, score)

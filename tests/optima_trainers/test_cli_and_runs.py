@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from optima_env.errors import DataError, TaskContractError
+from optima_env.errors import DataError, OptimaError, TaskContractError
 from optima_trainers.checkpoint import (
+    COMPLETE_MARKER,
+    CorruptCheckpointError,
     TrainResult,
     atomic_checkpoint,
     discard_partial,
@@ -81,3 +83,82 @@ def test_partial_checkpoint_is_never_loaded(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="not a complete checkpoint"):
         require_complete(target)
     assert discard_partial(target) and not target.exists()
+
+
+def _finished_checkpoint(target: Path) -> TrainResult:
+    result = TrainResult(checkpoint=str(target), train_loss=0.5, steps=2, num_examples=4)
+    with atomic_checkpoint(target) as (tmp, finish):
+        (tmp / "model.safetensors").write_bytes(b"w" * 1000)
+        (tmp / "tok").mkdir()
+        (tmp / "tok" / "tokenizer.json").write_text("{}")
+        finish(result)
+    return result
+
+
+def test_complete_marker_is_a_manifest_of_every_file(tmp_path: Path) -> None:
+    import hashlib
+    import json
+
+    target = tmp_path / "ckpt"
+    result = _finished_checkpoint(target)
+    marker = json.loads((target / COMPLETE_MARKER).read_text(encoding="utf-8"))
+    assert TrainResult.from_dict(marker) == result
+    assert marker["files"] == {
+        "model.safetensors": {"size": 1000, "sha256": hashlib.sha256(b"w" * 1000).hexdigest()},
+        "tok/tokenizer.json": {"size": 2, "sha256": hashlib.sha256(b"{}").hexdigest()},
+    }
+    assert require_complete(target) == result
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda t: (t / "model.safetensors").write_bytes(b"w" * 500), r"500 bytes, but 1000 .*truncated"),
+        (lambda t: (t / "model.safetensors").write_bytes(b"x" * 1000), "sha256 differs"),
+        (lambda t: (t / "tok" / "tokenizer.json").unlink(), "listed in .* but missing"),
+        (lambda t: (t / COMPLETE_MARKER).write_bytes(b'{"checkpoint": "x", "train_lo'), "corrupt marker"),
+        (lambda t: (t / COMPLETE_MARKER).write_bytes(b"\xff\xfe{}"), "corrupt marker"),
+        (lambda t: (t / COMPLETE_MARKER).write_text('{"files": []}'), "field 'files'"),
+        (lambda t: (t / COMPLETE_MARKER).write_text('{"files": {}}'), "not a training summary"),
+    ],
+)
+def test_corrupt_checkpoint_is_detected_and_never_loaded(tmp_path: Path, damage, message: str) -> None:
+    target = tmp_path / "ckpt"
+    _finished_checkpoint(target)
+    damage(target)
+    assert is_complete(target)  # the writer finished: not a partial checkpoint ...
+    with pytest.raises(CorruptCheckpointError, match=message) as info:
+        require_complete(target)  # ... but it fails verification, loudly
+    assert str(target) in str(info.value) and "delete the folder" in str(info.value)
+    assert isinstance(info.value, DataError) and isinstance(info.value, OptimaError)
+    assert not discard_partial(target) and target.exists()  # evidence is never deleted silently
+
+
+def test_marker_without_manifest_is_still_accepted(tmp_path: Path) -> None:
+    """Checkpoints finished before markers held a manifest keep loading (unverified)."""
+    import json
+
+    target = tmp_path / "ckpt"
+    result = _finished_checkpoint(target)
+    (target / COMPLETE_MARKER).write_text(json.dumps(result.to_dict()), encoding="utf-8")
+    (target / "model.safetensors").write_bytes(b"anything")
+    assert require_complete(target) == result
+
+
+def test_resume_refuses_a_corrupt_checkpoint_before_loading_it(tmp_path: Path) -> None:
+    """A finished stage whose checkpoint was truncated afterwards stops the resumed run with the fix."""
+    import json
+
+    from optima_trainers.loop import IterativeTrainer
+
+    config = resolve_config("ie/synth-v0", "isft", iterations=2, model=str(tmp_path / "base"))
+    run = RunDir.create(config, run_dir=tmp_path / "run")
+    checkpoint = run.stage("iter_00") / "checkpoint"
+    _finished_checkpoint(checkpoint)
+    record = {"model": "iter_00/checkpoint", "cursor_end": 3, "metrics": {"iteration": 0.0}}
+    (run.root / "iter_00" / "result.json").write_text(json.dumps(record), encoding="utf-8")
+    (checkpoint / "model.safetensors").write_bytes(b"w" * 10)  # e.g. a full disk after the fact
+    trainer = IterativeTrainer(config, run_dir=run, progress=False)
+    with pytest.raises(CorruptCheckpointError, match=r"model\.safetensors: 10 bytes.*delete the folder"):
+        trainer.run()
+    assert not (run.root / "iter_01").exists()  # nothing was generated from the corrupt model

@@ -80,7 +80,7 @@ def test_bad_pair_records_raise_clear_errors(tmp_path) -> None:
     missing = pair(0.5).to_dict()
     del missing["chosen"]
     (tmp_path / "p.jsonl").write_text(json.dumps(pair(0.5).to_dict()) + "\n" + json.dumps(missing) + "\n")
-    with pytest.raises(DataError, match=r"p\.jsonl:2"):
+    with pytest.raises(DataError, match=r"p\.jsonl, line 2: .*field 'chosen': missing"):
         read_pairs(tmp_path / "p.jsonl")
     with pytest.raises(DataError, match="chosen_value"):
         pair(float("nan"))
