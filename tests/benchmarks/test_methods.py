@@ -205,5 +205,5 @@ def test_a_corrupt_trained_checkpoint_is_refused_before_loading(tmp_path) -> Non
     target = tmp_path / "ckpt"
     _finished_checkpoint(target)
     (target / "model.safetensors").write_bytes(b"truncated")
-    with pytest.raises(CorruptCheckpointError, match="model.safetensors"):
+    with pytest.raises(CorruptCheckpointError, match=r"model\.safetensors"):
         load_policy(str(target), backend="hf", batch_size=1)
