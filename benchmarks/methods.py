@@ -72,6 +72,8 @@ class PlaySettings:
     scaling_k: int = 8
     scaling_temperature: float = 0.5
     seed: int = 0
+    stop_at_speaker_tags: bool = False
+    """Cut a turn where it starts writing an agent's ``"Name:"`` tag (as the trainers' cpu profile)."""
 
 
 # -- task wrappers --------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 With no arguments (the ``smoke`` suite): the embedded task ``ie/synth-v0`` played by the embedded
 model (SmolLM2-135M-Instruct), as a single agent (CoT) and as the 2-agent system (MAD), greedy, on
 4 held-out instances. Other suites: ``paper`` (spec §8.1, for a GPU), ``scaling`` (spec §8.3) and
-``rollout`` (engine throughput); see :mod:`benchmarks.suites`, and :mod:`benchmarks.methods` for
+``rollout`` (engine throughput) and ``demo`` (iSFT trained on CPU, then evaluated:
+:mod:`benchmarks.demo`); see :mod:`benchmarks.suites`, and :mod:`benchmarks.methods` for
 the methods (cot, sc, mad, autoform, and ``--checkpoint NAME=PATH``).
 
 Writes under ``--out`` (default ``results/<suite>__<model>__<seed>__<time>/``):
@@ -55,6 +56,7 @@ from optima_env.errors import DataError, OptimaError
 from optima_env.io import write_json_atomic
 
 logger = logging.getLogger("benchmarks.run")
+REPO_README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 class RunConfigError(OptimaError, ValueError):
@@ -107,6 +109,8 @@ class RunArgs:
     """Instances per (task, method) shown in viewer.html."""
     threads: int | None = None
     """CPU threads of torch (default: torch's choice; 1 is faster on a CPU shared with other jobs)."""
+    update_readme: bool = False
+    """demo suite: rewrite the README block between the demo markers from this run."""
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -137,6 +141,9 @@ def parse_args(argv: list[str] | None = None) -> RunArgs:
         help_text = f"{docs.get(f.name, '')} (default: {f.default})"
         if kind.startswith("tuple"):
             parser.add_argument(flag, action="append", default=None, metavar="VALUE", help=help_text)
+        elif kind == "bool":
+            toggle = argparse.BooleanOptionalAction
+            parser.add_argument(flag, action=toggle, default=f.default, help=help_text)
         else:
             convert = int if kind.startswith("int") else float if kind.startswith("float") else str
             parser.add_argument(flag, type=convert, default=f.default, help=help_text)
@@ -254,6 +261,18 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
     if suite.name == "rollout":
         out.mkdir(parents=True, exist_ok=True)
         return _run_rollout_suite(args, out)
+    if suite.name == "demo":
+        from benchmarks.demo import run_demo
+
+        return run_demo(
+            out,
+            names=args.task,
+            concurrency=args.concurrency,
+            update_readme_path=REPO_README if args.update_readme else None,
+            command=" ".join(_command_line(args)),
+            git_commit=_git_commit() or "unknown",
+            threads=args.threads,
+        )
 
     settings = PlaySettings(
         max_turns=args.max_turns or suite.max_turns,

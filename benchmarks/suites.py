@@ -11,6 +11,8 @@ paper      spec §8.1: the eight paper tasks, the first 1000 test items of the i
 scaling    spec §8.3: K samples per instance at temperature 0.5 of each method (MAD and CoT by
            default), majority-vote score, coverage and total tokens for k = 1..K
 rollout    the throughput benchmark of ``benchmarks.rollout_bench`` (rollout engine vs naive loop)
+demo       Optima's effect on CPU: iSFT trains the embedded model, then held-out evaluation of the
+           untrained system, CoT and every iteration (``benchmarks.demo``; about 1.5 h on 2 cores)
 =========  ==========================================================================================
 
 Command-line flags override a suite's defaults (``--task``, ``--methods``, ``--episodes``, ...).
@@ -104,6 +106,10 @@ SUITES: dict[str, Suite] = {
     "rollout": Suite(
         name="rollout",
         description="rollout-engine throughput benchmark (benchmarks.rollout_bench)",
+    ),
+    "demo": Suite(
+        name="demo",
+        description="iSFT trained on 2 CPU cores, then evaluated against the untrained system",
     ),
 }
 

@@ -128,4 +128,5 @@ def play(
         ),
         on_episode=keep,
         progress=True,
+        stop_at_speaker_tags=settings.stop_at_speaker_tags,
     )

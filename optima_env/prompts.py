@@ -27,6 +27,7 @@ __all__ = [
     "INFORMATION_EXCHANGE_PROMPT",
     "MATH_SOLVER_PROMPT",
     "PEER_DEBATE_PROMPT",
+    "STYLES",
     "join_names",
     "render",
     "with_format_block",
@@ -52,6 +53,12 @@ has written the same answer this way.
 anything unnecessary, but stay informative.
 6. Begin your response with "${name}:"."""
 )
+
+STYLES = ("paper", "small")
+"""Answer styles of the information-exchange tasks (same prompt): ``paper``, answers as
+``<A>answer</A>`` only; ``small``, for models too small to write the tag: the tag, else
+``Answer: x``, else the whole turn (:func:`optima_env.scoring.extract_answer_phrase` with
+``whole_text=True``)."""
 
 
 def join_names(names: Sequence[str]) -> str:

@@ -197,6 +197,9 @@ class TrainConfig:
     """θ_sft: minimum total reward of a selected trajectory."""
     keep: tuple[float, float] = (0.0, 0.7)
     """Slice of the ranked instances kept (MATH: 0.1-0.8)."""
+    min_task_score: float | None = None
+    """When set, iSFT selects only among trajectories with at least this task score (not in the
+    paper; see :class:`~optima_trainers.selection.SelectionConfig`)."""
     selection_order: Literal["code", "paper"] = "code"
     """``code``: top 70% then θ; ``paper``: θ then 70% of the survivors."""
     restart_from_base: bool = False

@@ -321,7 +321,12 @@ class IterativeTrainer:
 
     def _select(self, stage: Stage, scored: Sequence[Episode]) -> list[Episode]:
         cfg = self.config
-        selection = SelectionConfig(theta=cfg.theta_sft, keep=tuple(cfg.keep), order=cfg.selection_order)
+        selection = SelectionConfig(
+            theta=cfg.theta_sft,
+            keep=tuple(cfg.keep),
+            order=cfg.selection_order,
+            min_task_score=cfg.min_task_score,
+        )
         chosen = self.pm.hook.optima_select_training_data(
             episodes=list(scored),
             trainer=cfg.trainer,

@@ -1,6 +1,7 @@
 """iSFT data selection (spec §5 item 4, §13 items 1-2).
 
-Per instance the best trajectory by total reward (the first one on ties, as ``np.argmax``), then:
+Per instance the best trajectory by total reward (the first one on ties, as ``np.argmax``; with
+``min_task_score``, among the trajectories scoring at least that), then:
 
 * ``code`` order (reference code, default): sort the instances by that reward, descending; keep
   the slice ``keep`` of the sorted list (``(0.0, 0.7)``: the top 70%; MATH ``(0.1, 0.8)``: the
@@ -40,6 +41,11 @@ class SelectionConfig:
     """``code``: slice, then threshold; ``paper``: threshold, then slice of the survivors."""
     drop_impersonation: bool = True
     """Remove trajectories whose reward carries the ``impersonation_sft`` flag."""
+    min_task_score: float | None = None
+    """When set, only trajectories whose task score is ``>=`` this compete (before the best per
+    instance is taken): e.g. ``1e-9`` keeps right or partly right answers only. Not in the paper;
+    for models so weak that θ_sft on the total reward cannot tell a partial answer from a short
+    wrong one."""
 
     def __post_init__(self) -> None:
         lo, hi = self.keep
@@ -53,7 +59,7 @@ class SelectionConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> SelectionConfig:
         """Build from a plain dict (the ``config`` of the selection hook); unknown keys are ignored."""
-        fields = {"theta", "keep", "order", "drop_impersonation"}
+        fields = {"theta", "keep", "order", "drop_impersonation", "min_task_score"}
         values = {k: v for k, v in data.items() if k in fields}
         if "keep" in values:
             values["keep"] = tuple(values["keep"])
@@ -66,6 +72,7 @@ class SelectionConfig:
             "keep": list(self.keep),
             "order": self.order,
             "drop_impersonation": self.drop_impersonation,
+            "min_task_score": self.min_task_score,
         }
 
 
@@ -106,6 +113,8 @@ def select_isft(episodes: Sequence[Episode], config: SelectionConfig | None = No
     ['a']
     """
     config = config or SelectionConfig()
+    if config.min_task_score is not None:
+        episodes = [e for e in episodes if e.task_score >= config.min_task_score]
     ranked = sorted(best_per_instance(episodes), key=_total, reverse=True)
     if config.order == "code":
         chosen = [e for e in _slice(ranked, config.keep) if _total(e) >= config.theta]

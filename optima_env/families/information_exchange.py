@@ -21,16 +21,18 @@ import random
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from optima_env.errors import TaskContractError
 from optima_env.families.base import DatasetTask, options_list
 from optima_env.families.dealing import deal_halves, deal_shuffled, deal_supporting
 from optima_env.prompts import (
     FORMAT_EXAMPLES,
     INFORMATION_EXCHANGE_PROMPT,
+    STYLES,
     join_names,
     render,
     with_format_block,
 )
-from optima_env.scoring import Tokenizer, extract_tagged, f1
+from optima_env.scoring import Tokenizer, extract_answer_phrase, extract_tagged, f1
 from optima_env.types import AgentView, TaskSample
 
 __all__ = ["HalvesTask", "InformationExchangeTask", "ShuffledSnippetsTask", "SupportingFactsTask"]
@@ -43,15 +45,21 @@ class InformationExchangeTask(DatasetTask):
         f1_tokenizer: ``None`` scores with the official SQuAD/HotpotQA F1 (default); an object with
             ``tokenize(str) -> list[str]`` (e.g. the policy's Hugging Face tokenizer) scores with
             the reference code's tokenizer-token F1 (spec §2.5, §13 item 15).
+        style: how answers are read (:data:`~optima_env.prompts.STYLES`): ``"paper"`` (default),
+            ``<A>answer</A>`` only; ``"small"``, for models too small to write the tag, the tag, else
+            ``Answer: x``, else the whole turn (:func:`~optima_env.scoring.extract_answer_phrase`).
         **kwargs: data and agent options of :class:`~optima_env.families.base.DatasetTask`.
     """
 
     family = "information_exchange"
     num_formats = len(FORMAT_EXAMPLES)
 
-    def __init__(self, *, f1_tokenizer: Tokenizer | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, f1_tokenizer: Tokenizer | None = None, style: str = "paper", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if style not in STYLES:
+            raise TaskContractError(f"style must be one of {STYLES}, got {style!r}")
         self.f1_tokenizer = f1_tokenizer
+        self.style = style
 
     @abc.abstractmethod
     def deal(self, sample: TaskSample, rng: random.Random) -> list[list[str]]:
@@ -79,6 +87,8 @@ class InformationExchangeTask(DatasetTask):
         return views
 
     def extract_answer(self, text: str) -> str | None:
+        if self.style == "small":
+            return extract_answer_phrase(text, whole_text=True)
         return extract_tagged(text, "A")
 
     def score(self, answer: str | None, sample: TaskSample) -> float:

@@ -1,7 +1,8 @@
 """Answer extraction and task metrics shared by the task plugins.
 
 ========================  ==================================================================
-extraction                :func:`extract_tagged` (``<A>...</A>``), :func:`extract_boxed`
+extraction                :func:`extract_tagged` (``<A>...</A>``), :func:`extract_boxed`,
+                          :func:`extract_answer_phrase` (the tag, else ``Answer: x``)
 MATH                      :func:`normalize_math_answer`, :func:`math_equal` (math_verify, hard
                           timeout in a worker process)
 open QA (IE tasks)        :func:`normalize_answer`, :func:`f1` (SQuAD words, or tokenizer
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from optima_env.scoring.choice import choice_match
 from optima_env.scoring.consistency import cluster_answers, majority_vote
-from optima_env.scoring.extract import extract_boxed, extract_tagged
+from optima_env.scoring.extract import extract_answer_phrase, extract_boxed, extract_tagged
 from optima_env.scoring.gsm8k import extract_gsm8k_gold, gsm8k_equal
 from optima_env.scoring.math_norm import normalize_math_answer
 from optima_env.scoring.mathequiv import MAX_VERIFY_CHARS, math_equal
@@ -33,6 +34,7 @@ __all__ = [
     "choice_match",
     "cluster_answers",
     "exact_match",
+    "extract_answer_phrase",
     "extract_boxed",
     "extract_gsm8k_gold",
     "extract_tagged",

@@ -11,11 +11,13 @@ import re
 from optima_env.errors import ScoringError
 from optima_env.scoring._validate import check_str
 
-__all__ = ["extract_boxed", "extract_tagged"]
+__all__ = ["extract_answer_phrase", "extract_boxed", "extract_tagged"]
 
 _BOX_OPENERS = re.compile(r"\\(?:boxed|fbox)\{")
 _BRACES = re.compile(r"[{}]")
 _TAG_NAME = re.compile(r"[^\s<>/]+")
+_SPEAKER = re.compile(r"^\s*[^\s:]{1,40}:")
+_ANSWER_PHRASE = re.compile(r"\banswer(?:\s+is|\s*:)[\s*\"']*([^\n.,;!?<>\"*]+)", re.IGNORECASE)
 
 
 def extract_tagged(text: str, tag: str = "A") -> str | None:
@@ -108,4 +110,39 @@ def extract_boxed(text: str) -> str | None:
     for opened in reversed(openers):
         if opened in closing:
             return text[opened + 1 : closing[opened]]
+    return None
+
+
+def extract_answer_phrase(text: str, *, whole_text: bool = False) -> str | None:
+    """The ``<A>...</A>`` answer if there is one, else the last ``Answer: x`` / ``answer is x``.
+
+    A lenient extraction for models too small to follow the tag instruction (the tasks' ``style``
+    ``"small"``). The phrase runs to the end of its sentence (``.``, ``,``, ``;``, ``!``, ``?``, a
+    newline, a quote, ``*`` or a tag bracket) and is stripped. With ``whole_text``, a turn without
+    either is its own answer (a leading ``"Name:"`` removed): F1 then gives partial credit to a
+    turn that names the right entity among other words, and full credit only to a bare answer.
+
+    Raises:
+        ScoringError: If ``text`` is not a str.
+
+    >>> extract_answer_phrase("Bob: the answer is Pimmelville. Thanks!")
+    'Pimmelville'
+    >>> extract_answer_phrase("Answer: **Kora Labs**")
+    'Kora Labs'
+    >>> extract_answer_phrase("Answer: x <A>Lyon</A>")
+    'Lyon'
+    >>> extract_answer_phrase("no answer here") is None
+    True
+    >>> extract_answer_phrase("Bob: It is in Tesford, I think.", whole_text=True)
+    'It is in Tesford, I think.'
+    """
+    check_str("extract_answer_phrase", "text", text)
+    tagged = extract_tagged(text, "A")
+    if tagged is not None:
+        return tagged
+    phrases = _ANSWER_PHRASE.findall(text)
+    if phrases:
+        return phrases[-1].strip()
+    if whole_text:
+        return _SPEAKER.sub("", text, count=1).strip() or None
     return None

@@ -18,7 +18,17 @@ works for headquartered?* Because consecutive hops go to different agents and ev
 holds distractor facts of every relation kind, no agent can answer alone: the agents must
 exchange facts. :func:`solve` is a symbolic solver used by the tests to check exactly that.
 
-Difficulty knobs: ``hops`` (2-4), ``num_distractors`` (per agent), ``num_agents``.
+Difficulty knobs: ``hops`` (1-4), ``num_distractors`` (per agent), ``num_agents``. ``hops=1`` is a
+warm-up for very small models: Alice holds the one fact that answers (among rivals of the same
+relation), the others hold only rivals, so the others can reach the answer only from what Alice
+says and the conversation ends only once they repeat it; from 2 hops on no agent can answer alone.
+
+``style`` picks how answers are read (the prompt is the paper's either way): ``"paper"`` (default)
+takes ``<A>answer</A>`` only; ``"small"``, for models too small to write the tag, takes the tag,
+else ``Answer: name`` / ``the answer is name``, else the whole turn (F1 then gives partial credit to
+a turn that names the answer among other words). SmolLM2-135M never wrote the tag in the turns
+sampled while building the demo, so under ``"paper"`` it scores exactly 0 and iterative training
+has nothing to select; the demo suite (``python -m benchmarks.run --suite demo``) uses ``"small"``.
 Instances are deterministic functions of ``(seed, split, index)``; train and test never overlap.
 
 Version history:
@@ -33,8 +43,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from optima_env import AgentView, Paragraph, Task, TaskContractError, TaskSample, TaskSpec, hookimpl
-from optima_env.prompts import INFORMATION_EXCHANGE_PROMPT, join_names, render
-from optima_env.scoring import extract_tagged, f1
+from optima_env.prompts import INFORMATION_EXCHANGE_PROMPT, STYLES, join_names, render
+from optima_env.scoring import extract_answer_phrase, extract_tagged, f1
 from optima_env.task import agent_names
 
 __all__ = ["Fact", "SyntheticChainTask", "optima_register_tasks", "solve"]
@@ -177,14 +187,18 @@ class SyntheticChainTask(Task):
         seed: int = 0,
         train_size: int = 10_000,
         test_size: int = 500,
+        style: str = "paper",
     ) -> None:
-        if not isinstance(hops, int) or not 2 <= hops <= len(_RELATIONS):
-            raise TaskContractError(f"hops must be an int from 2 to {len(_RELATIONS)}, got {hops!r}")
+        if not isinstance(hops, int) or not 1 <= hops <= len(_RELATIONS):
+            raise TaskContractError(f"hops must be an int from 1 to {len(_RELATIONS)}, got {hops!r}")
         if not isinstance(num_distractors, int) or num_distractors < 1:
             raise TaskContractError(
                 "num_distractors must be an int >= 1 (a lone agent must see rival facts), "
                 f"got {num_distractors!r}"
             )
+        if style not in STYLES:
+            raise TaskContractError(f"style must be one of {STYLES}, got {style!r}")
+        self.style = style
         self.agents = agent_names(num_agents)
         self.hops, self.num_distractors, self.seed = hops, num_distractors, seed
         self._sizes = {"train": train_size, "test": test_size}
@@ -241,6 +255,8 @@ class SyntheticChainTask(Task):
         return views
 
     def extract_answer(self, text: str) -> str | None:
+        if self.style == "small":
+            return extract_answer_phrase(text, whole_text=True)
         return extract_tagged(text, "A")
 
     def score(self, answer: str | None, sample: TaskSample) -> float:

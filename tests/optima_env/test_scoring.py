@@ -627,6 +627,7 @@ SCORER_CALLS = {
     "extract_boxed": lambda p, g: extract_boxed(p),
     "extract_gsm8k_gold": lambda p, g: extract_gsm8k_gold(f"{p}\n#### {g}") if "####" not in g else None,
     "extract_tagged": lambda p, g: extract_tagged(p),
+    "extract_answer_phrase": lambda p, g: scoring.extract_answer_phrase(p),
     "f1": lambda p, g: (f1(p, g), f1(p, [g, p], tokenizer=SplitTokenizer())),
     "gsm8k_equal": lambda p, g: (gsm8k_equal(p, "18"), gsm8k_equal(p, "18", mode="code")),
     "majority_vote": lambda p, g: majority_vote([p, g, g], similarity=exact_match),
@@ -641,7 +642,7 @@ def _check_score(name: str, value: object) -> None:
     if isinstance(value, tuple) and name not in {"majority_vote"}:
         for item in value:
             _check_score(name, item)
-    elif name in {"extract_boxed", "extract_tagged", "extract_gsm8k_gold"}:
+    elif name in {"extract_boxed", "extract_tagged", "extract_gsm8k_gold", "extract_answer_phrase"}:
         assert value is None or isinstance(value, str), name
     elif name in {"normalize_answer", "normalize_math_answer"}:
         assert isinstance(value, str), name

@@ -142,3 +142,23 @@ def test_hook_builtin_is_trylast_and_can_be_overridden() -> None:
     pm.register(OverridePlugin())
     chosen = pm.hook.optima_select_training_data(episodes=EPISODES, trainer="isft", config=config)
     assert ids(chosen) == ["j", "j"]
+
+
+def test_min_task_score_picks_the_best_among_answers_with_some_credit() -> None:
+    """With min_task_score a short wrong answer cannot win an instance over a partly right one."""
+    import dataclasses
+
+    def scored(sample_id: str, total: float, score: float, seed: int) -> Episode:
+        return dataclasses.replace(ep(sample_id, total, seed=seed), task_score=score)
+
+    episodes = [
+        scored("a", 0.9, 0.0, 1),  # short and wrong: the best reward of instance a
+        scored("a", 0.4, 0.3, 2),  # partly right
+        scored("b", 0.8, 0.0, 1),  # instance b has no answer with credit at all
+        scored("c", 0.7, 1.0, 1),
+    ]
+    plain = select_isft(episodes, SelectionConfig(theta=-100, keep=(0.0, 1.0)))
+    assert [(e.sample_id, e.seed) for e in plain] == [("a", 1), ("b", 1), ("c", 1)]
+    config = SelectionConfig(theta=-100, keep=(0.0, 1.0), min_task_score=1e-9)
+    assert [(e.sample_id, e.seed) for e in select_isft(episodes, config)] == [("c", 1), ("a", 2)]
+    assert SelectionConfig.from_mapping(config.to_dict()) == config

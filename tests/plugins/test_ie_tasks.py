@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from optima_env import make, make_task
+from optima_env import TaskContractError, make, make_task
 from optima_env.policy import GenerationRequest, SamplingParams, ScriptedPolicy
 from optima_env.prompts import FORMAT_EXAMPLES
 from optima_env.rollout import make_jobs, rollout, run_episode
@@ -210,3 +210,18 @@ def test_hotpotqa_real_rows_deal_and_play(data_dir: Path) -> None:
     )
     assert len(episodes) == 16 and all(e.terminated and e.task_score == 1.0 for e in episodes)
     assert [e.sample_id for e in episodes[::2]] == [s.id for s in samples]
+
+
+def test_small_style_keeps_the_dealing_and_accepts_plain_answers(fixtures: Path) -> None:
+    """style="small" changes the answer extraction, nothing else."""
+    paper = make_task("ie/hotpotqa-v0", data_dir=str(fixtures))
+    small = make_task("ie/hotpotqa-v0", data_dir=str(fixtures), style="small")
+    sample = paper.samples("test")[0]
+    a = paper.views(sample, rng=random.Random(3))
+    b = small.views(sample, rng=random.Random(3))
+    assert a == b  # the same prompts and dealing
+    assert small.extract_answer("Alice: Answer: Paris, I think") == "Paris"
+    assert small.extract_answer("<A>Lyon</A> and the answer is Paris") == "Lyon"  # the tag wins
+    assert paper.extract_answer("Alice: Answer: Paris") is None
+    with pytest.raises(TaskContractError, match="style must be one of"):
+        make_task("ie/hotpotqa-v0", data_dir=str(fixtures), style="large")

@@ -74,10 +74,46 @@ def test_agents_exchanging_facts_reach_the_answer_in_the_env() -> None:
 
 def test_bad_knobs_raise_clear_errors() -> None:
     with pytest.raises(TaskContractError, match="hops"):
-        SyntheticChainTask(hops=1)
+        SyntheticChainTask(hops=0)
     with pytest.raises(TaskContractError, match="num_distractors"):
         SyntheticChainTask(num_distractors=0)
     with pytest.raises(TaskContractError, match="num_agents"):
         SyntheticChainTask(num_agents=9)
     with pytest.raises(TaskContractError, match="unknown split"):
         SyntheticChainTask().samples("dev")
+
+
+def test_small_style_prompt_and_lenient_answers_in_the_env() -> None:
+    """style="small": the same prompt; "Answer: x" ends the episode like <A>x</A> does, and a turn
+    with neither is its own answer (partial F1 credit)."""
+    task = SyntheticChainTask(style="small", num_distractors=1)
+    paper = SyntheticChainTask(num_distractors=1)
+    sample = task.sample("train", 2)
+    assert task.views(sample, rng=random.Random(0)) == paper.views(sample, rng=random.Random(0))
+    assert task.extract_answer("Bob: the answer is Tesford.") == "Tesford"
+    assert task.extract_answer("Bob: It is Tesford, I think") == "It is Tesford, I think"
+    named = f"Bob: I think it is {sample.answer}, yes"
+    assert 0.0 < task.score(task.extract_answer(named), sample) < 1.0  # partial credit
+    assert task.score(task.extract_answer(f"Bob: Answer: {sample.answer}."), sample) == 1.0
+    assert paper.extract_answer("Bob: the answer is Tesford.") is None  # paper: tags only
+
+    env = make("ie/synth-v0", style="small", num_distractors=1)
+    gold = env.task.sample("train", 2).answer
+    replies = iter(["Alice: I know who works where.", f"Bob: Answer: {gold}.", f"Alice: Answer: {gold}"])
+    episode = run_episode(env, ScriptedPolicy(lambda request: next(replies)), seed=0, options={"index": 2})
+    assert episode.terminated and episode.final_answer == gold and episode.task_score == 1.0
+    with pytest.raises(TaskContractError, match="style"):
+        SyntheticChainTask(style="tiny")
+
+
+def test_one_hop_warm_up_gives_the_answer_to_alice_only() -> None:
+    """hops=1: Alice holds the answering fact and a rival; Bob holds only rivals."""
+    task = SyntheticChainTask(hops=1, num_distractors=1)
+    for index in range(20):
+        sample = task.sample("train", index)
+        alice, bob = (hand for hand in hands_of(sample))
+        subject, gold = sample.metadata["subject"], sample.answer
+        assert sample.question.startswith(f"What is the company that {subject} works for?")
+        assert solve(subject, alice, 1) == gold and len(alice) == 2
+        assert solve(subject, bob, 1) is None  # Bob cannot answer alone
+        assert all(f.relation == 0 for f in alice + bob)

@@ -1,0 +1,464 @@
+"""The demo suite: Optima's effect end to end on 2 CPU cores (``python -m benchmarks.run --suite demo``).
+
+For each demo task (:data:`DEMO_TASKS`: the embedded synthetic task, then real HotpotQA when its
+data is present):
+
+1. **train**: iSFT with the embedded model (SmolLM2-135M-Instruct; LoRA, fp32, the trainers' cpu
+   profile plus the overrides of the task's :class:`DemoTask`), in ``<out>/<task>/train``; a rerun
+   with the same ``--out`` resumes it (finished stages are kept);
+2. **evaluate** on held-out instances (the test split: HotpotQA's is the dev set), greedy, with the
+   turn and token caps of training: the untrained 2-agent system, single-agent CoT with the
+   untrained model, and the 2-agent system with the checkpoint of every iteration; episodes go to
+   ``<out>/<task>/eval/episodes.jsonl`` (resumable too) with the usual ``report.md``/``viewer.html``;
+3. **report**: ``report.md`` (score and tokens per episode of every row, their ratios to the
+   untrained system, training wall time and selected data per iteration), ``demo.json`` and
+   ``demo_<task>.png`` (score and tokens per iteration). With ``--update-readme`` the block between
+   ``<!-- begin demo -->`` and ``<!-- end demo -->`` of ``README.md`` is rewritten from the run.
+
+Why these sizes: see the docstring of :data:`DEMO_TASKS` (and the README's demo section).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.methods import PlaySettings, build_methods
+from benchmarks.outputs import collect_results, write_outputs
+from benchmarks.policies import load_policy
+from benchmarks.store import EpisodeStore
+from benchmarks.units import TaskEntry, pending_jobs, play
+from optima_env import make_task
+from optima_env.errors import DataError, MissingDependencyError, TaskContractError
+from optima_env.io import write_json_atomic, write_text_atomic
+
+__all__ = ["DEMO_TASKS", "DemoTask", "readme_block", "run_demo", "update_readme"]
+
+logger = logging.getLogger("benchmarks.demo")
+
+README_BEGIN = "<!-- begin demo -->"
+README_END = "<!-- end demo -->"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoTask:
+    """One task of the demo: what is trained, how, and what it is evaluated on."""
+
+    name: str
+    """Short name (folder and plot names)."""
+    task: str
+    """Registered task id."""
+    task_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the task factory (training and evaluation alike)."""
+    model: str = "embedded"
+    """The starting (untrained) model: ``embedded``, a Hugging Face name or a local folder."""
+    train: Mapping[str, Any] = field(default_factory=dict)
+    """:class:`~optima_trainers.config.TrainConfig` overrides on top of the cpu profile."""
+    eval_split: str = "test"
+    """Held-out split of the evaluation."""
+    eval_instances: int = 40
+    """Held-out instances evaluated (the first N of the split)."""
+    why: str = ""
+    """The reasons for these choices (printed in the report)."""
+
+
+DEMO_TASKS: tuple[DemoTask, ...] = (
+    DemoTask(
+        name="synth",
+        task="ie/synth-v0",
+        task_kwargs={"hops": 1, "num_distractors": 1, "style": "small"},
+        train={
+            **dict(iterations=4, instances=24, num_samples=4, max_turns=6, max_new_tokens=48),
+            **dict(init_temperature=0.5, temperature=0.5, reward_preset="paper"),
+            **dict(theta_sft=-100.0, min_task_score=1e-9),
+            **dict(sft_lr=2e-4, sft_epochs=2, sft_batch_size=8, per_device_batch_size=4),
+        },
+        eval_instances=40,
+        why=(
+            "SmolLM2-135M almost never named the answer in the default 2-hop setting in our trials, "
+            "whatever the prompt, so the demo uses the 1-hop "
+            "warm-up: Alice holds the answering fact among a rival, Bob only a rival, and Bob can "
+            "agree only on what Alice tells him. Answers in style 'small' (the tag, else "
+            "'Answer: x', else the whole turn, which F1 credits partly): the model never writes "
+            "<A> tags. T=0.5 in every iteration (the paper's prompt at T=0.5 gave the most "
+            "conversations with some credit in our trials). Selection: among conversations with a task score "
+            "above 0, the best per instance by the Eq. 1 reward (preset 'paper'; lambda_token 0.6), "
+            "top 70% of instances; theta_sft off, since at this model size the reward cannot "
+            "separate a partly right answer from a short wrong one. LoRA r=16, lr 2e-4, 2 epochs."
+        ),
+    ),
+    DemoTask(
+        name="hotpotqa",
+        task="ie/hotpotqa-v0",
+        task_kwargs={"style": "small"},
+        train={
+            **dict(iterations=2, instances=24, num_samples=3, max_turns=4, max_new_tokens=48),
+            **dict(init_temperature=0.5, temperature=0.5, reward_preset="paper"),
+            **dict(theta_sft=-100.0, min_task_score=1e-9, diverse_init=False),
+            **dict(sft_lr=2e-4, sft_epochs=2, sft_batch_size=8, per_device_batch_size=4),
+        },
+        eval_instances=30,
+        why=(
+            "the paper's prompt and dealing (first sentences of the paragraphs, as the reference "
+            "loader), answers read in style 'small' as above; trained on the first rows of the "
+            "200-row train file (the cursor never reaches dev), evaluated on the first dev rows. "
+            "The same selection as the synthetic task; 2 iterations (the initialization and one "
+            "more) of 24 instances x 3 samples, and 30 dev instances, fit the CPU budget."
+        ),
+    ),
+)
+"""The demo's tasks and their settings (``--task`` picks some of them by name)."""
+
+
+def _iteration_label(stage: str) -> str:
+    return f"iSFT {stage.replace('iter_', 'iter ')}"
+
+
+def _config(spec: DemoTask) -> Any:
+    from optima_trainers.config import resolve_config
+
+    return resolve_config(
+        spec.task, "isft", task_kwargs=dict(spec.task_kwargs), model=spec.model, **spec.train
+    )
+
+
+def _train(
+    spec: DemoTask, root: Path, *, progress: bool
+) -> tuple[list[tuple[str, str]], list[dict[str, Any]], float]:
+    """Train (or resume) the task's iSFT run; returns ``[(stage, checkpoint)]``, its metrics, wall s."""
+    from optima_trainers.loop import IterativeTrainer, plan_stages
+    from optima_trainers.runs import RunDir
+
+    started = time.perf_counter()
+    folder = root / "train"
+    if (folder / "config.json").is_file():
+        run_dir, config = RunDir.open(folder)
+        wanted = _config(spec)
+        if config.to_dict() != wanted.to_dict():
+            raise TaskContractError(
+                f"{folder} holds a run with other settings than the demo's {spec.name!r} task; "
+                "use another --out or delete the folder"
+            )
+    else:
+        config = _config(spec)
+        run_dir = RunDir.create(config, run_dir=folder)
+    metrics = IterativeTrainer(config, run_dir=run_dir, progress=progress).run()
+    stages = []
+    for stage in plan_stages(config):
+        record = json.loads((folder / stage.name / "result.json").read_text(encoding="utf-8"))
+        stages.append((stage.name, str(run_dir.model_path(record["model"]))))
+    return stages, metrics, time.perf_counter() - started
+
+
+def _evaluate(
+    spec: DemoTask,
+    root: Path,
+    checkpoints: Sequence[tuple[str, str]],
+    *,
+    concurrency: int,
+    command: str,
+    git_commit: str,
+) -> dict[str, Any]:
+    """Evaluate the untrained system, CoT and every checkpoint on the held-out instances."""
+    started, wall_started = time.perf_counter(), time.time()
+    train = spec.train
+    settings = PlaySettings(
+        max_turns=int(train["max_turns"]),
+        max_new_tokens=int(train["max_new_tokens"]),
+        temperature=0.0,
+        stop_at_speaker_tags=True,
+    )
+    named = {_iteration_label(stage): path for stage, path in checkpoints}
+    methods = build_methods(("mad", "cot"), named, settings)
+    entry = TaskEntry(task=spec.task)
+    try:
+        task = make_task(spec.task, **dict(spec.task_kwargs))
+        entry.family = task.family
+        samples = task.samples(spec.eval_split)
+        entry.instances = min(spec.eval_instances, len(samples))
+        samples[entry.instances - 1]
+        entry.obj = task
+    except (DataError, MissingDependencyError) as exc:
+        entry.miss(exc)
+    folder = root / "eval"
+    folder.mkdir(parents=True, exist_ok=True)
+    store = EpisodeStore(folder / "episodes.jsonl")
+    resumed = len(store)
+    for model in dict.fromkeys(m.model or spec.model for m in methods):
+        policy = tokenizer = None
+        for method in (m for m in methods if (m.model or spec.model) == model):
+            jobs = pending_jobs(method, entry, store, seed=settings.seed)
+            if not jobs:
+                continue
+            if policy is None:
+                policy, tokenizer = load_policy(model, backend="hf", batch_size=concurrency)
+            play(
+                method, entry, jobs, policy, tokenizer, store=store, settings=settings,
+                split=spec.eval_split, concurrency=concurrency, model=model,
+            )  # fmt: skip
+        del policy, tokenizer
+    results = collect_results([entry], methods, store)
+    results.update(
+        run_name=f"demo/{spec.name}",
+        suite="demo",
+        model=spec.model,
+        backend="hf",
+        token_counter="the tokenizer of the model that played (len(tokenizer.tokenize(turn text)))",
+        data_dir=os.environ.get("OPTIMA_DATA_DIR"),
+        split=spec.eval_split,
+        settings=dataclasses.asdict(settings),
+        git_commit=git_commit,
+        started=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(wall_started)),
+        command=command.split(),
+        units={"generated": len(store) - resumed, "resumed": resumed},
+        wall_time_s=round(time.perf_counter() - started, 1),
+    )
+    write_outputs(folder, results, store, viewer_limit=10)
+    return results
+
+
+def _summary(
+    spec: DemoTask, results: Mapping[str, Any], train_metrics: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    rows = {r["method_key"]: r for r in results["rows"]}
+    base = rows.get("mad")
+    per_stage = {m["stage"]: m for m in train_metrics}
+    table = []
+    for key, row in rows.items():
+        entry: dict[str, Any] = {
+            "method": row["method"],
+            "score": row["score"],
+            "tokens": row["mean_tokens"],
+            "instances": row["instances"],
+        }
+        if base and base["score"] is not None and row["score"] is not None:
+            entry["score_ratio"] = row["score"] / base["score"] if base["score"] > 0 else None
+            entry["token_ratio"] = row["mean_tokens"] / base["mean_tokens"] if base["mean_tokens"] else None
+        stage = key.removeprefix("ckpt:iSFT ").replace("iter ", "iter_") if key.startswith("ckpt:") else None
+        if stage in per_stage:
+            metrics = per_stage[stage]
+            keys = ("select/selected", "rollout/task_score", "rollout/tokens", "train/loss")
+            entry["train"] = {k: metrics[k] for k in keys if k in metrics}
+            entry["train"]["time/total_s"] = sum(v for k, v in metrics.items() if k.startswith("time/"))
+        table.append(entry)
+    return {
+        "task": spec.task,
+        "name": spec.name,
+        "task_kwargs": dict(spec.task_kwargs),
+        "train": dict(spec.train),
+        "eval_split": spec.eval_split,
+        "status": results["tasks"][0]["status"],
+        "reason": results["tasks"][0]["reason"],
+        "why": spec.why,
+        "rows": table,
+    }
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _ratio(value: Any) -> str:
+    return "–" if value is None else f"{value:.2f}x"
+
+
+def task_table(summary: Mapping[str, Any]) -> str:
+    """The Markdown table of one demo task."""
+    lines = [
+        "| System | Score (F1) | Tokens / episode | Score vs untrained | Tokens vs untrained |",
+        "|---|---|---|---|---|",
+    ]
+    for row in summary["rows"]:
+        lines.append(
+            f"| {row['method']} | {_fmt(row['score'])} | {_fmt(row['tokens'], 1)} | "
+            f"{_ratio(row.get('score_ratio'))} | {_ratio(row.get('token_ratio'))} |"
+        )
+    return "\n".join(lines)
+
+
+def readme_block(demo: Mapping[str, Any]) -> str:
+    """The README's demo block (between the markers), from ``demo.json``'s content."""
+    parts = [
+        f"Generated by `{demo['command']}` on {demo['started']} "
+        f"({demo['wall_time_s'] / 60:.0f} min wall on this machine); "
+        f"full report: [`{demo['report']}`]({demo['report']}).",
+        "",
+    ]
+    for summary in demo["tasks"]:
+        parts.append(
+            f"**{summary['task']}** ({summary['eval_split']} split, greedy, "
+            f"{summary['rows'][0]['instances'] if summary['rows'] else 0} held-out instances):"
+        )
+        parts.append("")
+        if summary["status"] != "ok":
+            parts.append(f"not evaluated: {summary['status']}: {summary['reason']}")
+        else:
+            parts.append(task_table(summary))
+            if summary.get("plot"):
+                parts.append("")
+                parts.append(f"![{summary['name']}]({demo['folder']}/{summary['plot']})")
+        parts.append("")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def update_readme(readme: Path, block: str) -> None:
+    """Replace what lies between the demo markers of ``readme`` with ``block``."""
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.find(README_BEGIN), text.find(README_END)
+    if start < 0 or end < start:
+        raise DataError(
+            f"{readme}: expected the markers {README_BEGIN!r} and {README_END!r} (in that order); "
+            "add them where the demo table should go"
+        )
+    head = text[: start + len(README_BEGIN)]
+    write_text_atomic(readme, f"{head}\n{block}{text[end:]}")
+
+
+def _plot(summary: Mapping[str, Any], path: Path) -> bool:
+    from benchmarks.plots import _pyplot
+
+    rows = [r for r in summary["rows"] if r["score"] is not None]
+    base = next((r for r in rows if r["method"] == "MAD"), None)
+    iters = [r for r in rows if r["method"].startswith("iSFT")]
+    if base is None or not iters:
+        return False
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.6))
+    xs = list(range(len(iters) + 1))
+    labels = ["untrained"] + [r["method"].removeprefix("iSFT ") for r in iters]
+    for ax, key, title in ((left, "score", "score (F1)"), (right, "tokens", "tokens / episode")):
+        ax.plot(xs, [base[key]] + [r[key] for r in iters], marker="o", label="2-agent system")
+        cot = next((r for r in rows if r["method"] == "CoT"), None)
+        if cot is not None:
+            ax.axhline(cot[key], color="gray", linestyle="--", label="CoT (untrained, 1 agent)")
+        ax.set_xticks(xs, labels)
+        ax.set_title(f"{summary['task']}: {title}")
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def render_report(demo: Mapping[str, Any]) -> str:
+    """``report.md`` of the demo."""
+    parts = [
+        "# Optima demo: iSFT on CPU with the embedded model",
+        "",
+        f"Command: `{demo['command']}`  ",
+        f"Started: {demo['started']}; wall time {demo['wall_time_s'] / 60:.1f} min "
+        f"(training {demo['train_s'] / 60:.1f} min, evaluation {demo['eval_s'] / 60:.1f} min); "
+        f"git commit {demo['git_commit']}; torch threads {demo['threads']}.",
+        "",
+        "Rows: **MAD** is the untrained 2-agent system (the task's own prompts, the base model); "
+        "**CoT** the untrained model alone; **iSFT iter k** the 2-agent system with the checkpoint "
+        "after iteration k (iter 00 is the initialization). Greedy decoding, held-out instances, "
+        "the same turn and token caps as training. Ratios are to the untrained system (MAD).",
+        "",
+    ]
+    for summary in demo["tasks"]:
+        parts += [f"## {summary['task']}", ""]
+        if summary["status"] != "ok":
+            parts += [f"Not evaluated: {summary['status']}: {summary['reason']}", ""]
+            continue
+        parts += [task_table(summary), ""]
+        if summary.get("plot"):
+            parts += [f"![{summary['name']}]({summary['plot']})", ""]
+        parts += ["Training, per iteration (selected trajectories; the sampled episodes' mean score "
+                  "and tokens; SFT loss; stage wall time):", "",
+                  "| Iteration | Selected | Sampled score | Sampled tokens | Train loss | Wall s |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for row in summary["rows"]:
+            t = row.get("train")
+            if t:
+                cells = [
+                    row["method"],
+                    _fmt(t.get("select/selected")),
+                    _fmt(t.get("rollout/task_score")),
+                    _fmt(t.get("rollout/tokens"), 1),
+                    _fmt(t.get("train/loss")),
+                    _fmt(t.get("time/total_s"), 0),
+                ]
+                parts.append("| " + " | ".join(cells) + " |")
+        parts += ["", f"Settings: task kwargs `{json.dumps(summary['task_kwargs'])}`, training overrides "
+                  f"`{json.dumps(summary['train'])}` on the cpu profile, evaluated on split "
+                  f"`{summary['eval_split']}`.", "", f"Why: {summary['why']}", ""]  # fmt: skip
+    return "\n".join(parts)
+
+
+def run_demo(
+    out: Path,
+    *,
+    names: Sequence[str] = (),
+    tasks: Sequence[DemoTask] = DEMO_TASKS,
+    concurrency: int = 16,
+    update_readme_path: Path | None = None,
+    command: str = "python -m benchmarks.run --suite demo",
+    git_commit: str = "",
+    threads: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train and evaluate every demo task (or those in ``names``); write the report and plots."""
+    specs = [s for s in tasks if not names or s.name in names or s.task in names]
+    if not specs:
+        raise TaskContractError(
+            f"no demo task named {', '.join(names)}; expected one of {', '.join(s.name for s in tasks)}"
+        )
+    started = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    summaries, train_s, eval_s = [], 0.0, 0.0
+    for spec in specs:
+        root = out / spec.name
+        try:
+            make_task(spec.task, **dict(spec.task_kwargs)).samples("train")[0]
+        except (DataError, MissingDependencyError) as exc:
+            logger.warning("demo task %s skipped: %s", spec.task, exc)
+            summaries.append(_summary(spec, _missing(spec, exc), []))
+            continue
+        checkpoints, metrics, seconds = _train(spec, root, progress=progress)
+        train_s += seconds
+        results = _evaluate(
+            spec, root, checkpoints, concurrency=concurrency, command=command, git_commit=git_commit
+        )
+        eval_s += results["wall_time_s"]
+        summary = _summary(spec, results, metrics)
+        plot = f"demo_{spec.name}.png"
+        if _plot(summary, out / plot):
+            summary["plot"] = plot
+        summaries.append(summary)
+    demo = {
+        "command": command,
+        "started": time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started)),
+        "wall_time_s": round(time.time() - started, 1),
+        "train_s": round(train_s, 1),
+        "eval_s": round(eval_s, 1),
+        "git_commit": git_commit,
+        "threads": threads if threads is not None else os.environ.get("OMP_NUM_THREADS", "torch default"),
+        "folder": str(out),
+        "report": str(out / "report.md"),
+        "tasks": summaries,
+    }
+    write_json_atomic(out / "demo.json", demo)
+    write_text_atomic(out / "report.md", render_report(demo))
+    if update_readme_path is not None:
+        update_readme(update_readme_path, readme_block(demo))
+    print(render_report(demo))
+    return demo
+
+
+def _missing(spec: DemoTask, exc: Exception) -> dict[str, Any]:
+    entry = TaskEntry(task=spec.task)
+    entry.miss(exc)
+    return {"rows": [], "tasks": [{"status": entry.status, "reason": entry.reason}]}
