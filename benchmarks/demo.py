@@ -63,6 +63,8 @@ class DemoTask:
     """:class:`~optima_trainers.config.TrainConfig` overrides on top of the cpu profile."""
     eval_split: str = "test"
     """Held-out split of the evaluation."""
+    eval_label: str = ""
+    """What that split is, when its name does not say (HotpotQA's ``test`` is the dev set)."""
     eval_instances: int = 40
     """Held-out instances evaluated (the first N of the split)."""
     why: str = ""
@@ -75,7 +77,7 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
         task="ie/synth-v0",
         task_kwargs={"hops": 1, "num_distractors": 1, "style": "small"},
         train={
-            **dict(iterations=4, instances=24, num_samples=4, max_turns=6, max_new_tokens=48),
+            **dict(iterations=3, instances=24, num_samples=4, max_turns=6, max_new_tokens=48),
             **dict(init_temperature=0.5, temperature=0.5, reward_preset="paper"),
             **dict(theta_sft=-100.0, min_task_score=1e-9),
             **dict(sft_lr=2e-4, sft_epochs=2, sft_batch_size=8, per_device_batch_size=4),
@@ -99,18 +101,20 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
         task="ie/hotpotqa-v0",
         task_kwargs={"style": "small"},
         train={
-            **dict(iterations=2, instances=24, num_samples=3, max_turns=4, max_new_tokens=48),
+            **dict(iterations=1, instances=24, num_samples=3, max_turns=4, max_new_tokens=48),
             **dict(init_temperature=0.5, temperature=0.5, reward_preset="paper"),
             **dict(theta_sft=-100.0, min_task_score=1e-9, diverse_init=False),
             **dict(sft_lr=2e-4, sft_epochs=2, sft_batch_size=8, per_device_batch_size=4),
         },
         eval_instances=30,
+        eval_label="the dev set",
         why=(
             "the paper's prompt and dealing (first sentences of the paragraphs, as the reference "
             "loader), answers read in style 'small' as above; trained on the first rows of the "
             "200-row train file (the cursor never reaches dev), evaluated on the first dev rows. "
-            "The same selection as the synthetic task; 2 iterations (the initialization and one "
-            "more) of 24 instances x 3 samples, and 30 dev instances, fit the CPU budget."
+            "The same selection as the synthetic task; one iteration (the initialization) of 24 "
+            "instances x 3 samples, and 30 dev instances: its prompts are several times longer than "
+            "the synthetic task's, and more did not fit the session's CPU budget."
         ),
     ),
 )
@@ -139,11 +143,17 @@ def _train(
     started = time.perf_counter()
     folder = root / "train"
     if (folder / "config.json").is_file():
-        run_dir, config = RunDir.open(folder)
-        wanted = _config(spec)
-        if config.to_dict() != wanted.to_dict():
+        run_dir, stored = RunDir.open(folder)
+        config = _config(spec)
+        differ = {
+            k: (v, config.to_dict()[k])
+            for k, v in stored.to_dict().items()
+            if k != "iterations" and config.to_dict().get(k) != v
+        }
+        if differ:
             raise TaskContractError(
-                f"{folder} holds a run with other settings than the demo's {spec.name!r} task; "
+                f"{folder} holds a run with other settings than the demo's {spec.name!r} task "
+                f"(stored, now): {differ}; only the number of iterations may change on resume: "
                 "use another --out or delete the folder"
             )
     else:
@@ -191,6 +201,13 @@ def _evaluate(
     folder.mkdir(parents=True, exist_ok=True)
     store = EpisodeStore(folder / "episodes.jsonl")
     resumed = len(store)
+    timing_path = folder / "timing.json"  # generation seconds, summed over invocations
+    spent = (
+        float(json.loads(timing_path.read_text(encoding="utf-8"))["generate_s"])
+        if timing_path.is_file()
+        else 0.0
+    )
+    generating = time.perf_counter()
     for model in dict.fromkeys(m.model or spec.model for m in methods):
         policy = tokenizer = None
         for method in (m for m in methods if (m.model or spec.model) == model):
@@ -204,6 +221,9 @@ def _evaluate(
                 split=spec.eval_split, concurrency=concurrency, model=model,
             )  # fmt: skip
         del policy, tokenizer
+    if len(store) > resumed or not timing_path.is_file():
+        spent += time.perf_counter() - generating
+        write_json_atomic(timing_path, {"generate_s": round(spent, 1)})
     results = collect_results([entry], methods, store)
     results.update(
         run_name=f"demo/{spec.name}",
@@ -219,6 +239,7 @@ def _evaluate(
         command=command.split(),
         units={"generated": len(store) - resumed, "resumed": resumed},
         wall_time_s=round(time.perf_counter() - started, 1),
+        eval_generate_s=round(spent, 1),
     )
     write_outputs(folder, results, store, viewer_limit=10)
     return results
@@ -253,7 +274,7 @@ def _summary(
         "name": spec.name,
         "task_kwargs": dict(spec.task_kwargs),
         "train": dict(spec.train),
-        "eval_split": spec.eval_split,
+        "eval_split": spec.eval_split + (f" ({spec.eval_label})" if spec.eval_label else ""),
         "status": results["tasks"][0]["status"],
         "reason": results["tasks"][0]["reason"],
         "why": spec.why,
@@ -290,14 +311,14 @@ def task_table(summary: Mapping[str, Any]) -> str:
 def readme_block(demo: Mapping[str, Any]) -> str:
     """The README's demo block (between the markers), from ``demo.json``'s content."""
     parts = [
-        f"Generated by `{demo['command']}` on {demo['started']} "
-        f"({demo['wall_time_s'] / 60:.0f} min wall on this machine); "
+        f"Generated by `{demo['command']}` ({(demo['train_s'] + demo['eval_s']) / 60:.0f} min of "
+        "training and evaluation on 2 CPU cores, summed over tasks and invocations); "
         f"full report: [`{demo['report']}`]({demo['report']}).",
         "",
     ]
     for summary in demo["tasks"]:
         parts.append(
-            f"**{summary['task']}** ({summary['eval_split']} split, greedy, "
+            f"**{summary['task']}** (split {summary['eval_split']}, greedy, "
             f"{summary['rows'][0]['instances'] if summary['rows'] else 0} held-out instances):"
         )
         parts.append("")
@@ -343,6 +364,7 @@ def _plot(summary: Mapping[str, Any], path: Path) -> bool:
         if cot is not None:
             ax.axhline(cot[key], color="gray", linestyle="--", label="CoT (untrained, 1 agent)")
         ax.set_xticks(xs, labels)
+        ax.set_ylim(bottom=0)
         ax.set_title(f"{summary['task']}: {title}")
         ax.grid(alpha=0.3)
     left.legend(fontsize=8)
@@ -358,8 +380,9 @@ def render_report(demo: Mapping[str, Any]) -> str:
         "# Optima demo: iSFT on CPU with the embedded model",
         "",
         f"Command: `{demo['command']}`  ",
-        f"Started: {demo['started']}; wall time {demo['wall_time_s'] / 60:.1f} min "
-        f"(training {demo['train_s'] / 60:.1f} min, evaluation {demo['eval_s'] / 60:.1f} min); "
+        f"Compute: training {demo['train_s'] / 60:.1f} min and evaluation {demo['eval_s'] / 60:.1f} min "
+        "(summed over the invocations that did the work; a resumed run reuses what is done); "
+        f"this invocation started {demo['started']} and took {demo['wall_time_s'] / 60:.1f} min; "
         f"git commit {demo['git_commit']}; torch threads {demo['threads']}.",
         "",
         "Rows: **MAD** is the untrained 2-agent system (the task's own prompts, the base model); "
@@ -385,7 +408,7 @@ def render_report(demo: Mapping[str, Any]) -> str:
             if t:
                 cells = [
                     row["method"],
-                    _fmt(t.get("select/selected")),
+                    _fmt(int(t["select/selected"]) if "select/selected" in t else None),
                     _fmt(t.get("rollout/task_score")),
                     _fmt(t.get("rollout/tokens"), 1),
                     _fmt(t.get("train/loss")),
@@ -427,12 +450,13 @@ def run_demo(
             logger.warning("demo task %s skipped: %s", spec.task, exc)
             summaries.append(_summary(spec, _missing(spec, exc), []))
             continue
-        checkpoints, metrics, seconds = _train(spec, root, progress=progress)
-        train_s += seconds
+        checkpoints, metrics, _ = _train(spec, root, progress=progress)
+        # the stages' own phase timings, summed over every invocation that worked on them
+        train_s += sum(v for m in metrics for k, v in m.items() if k.startswith("time/"))
         results = _evaluate(
             spec, root, checkpoints, concurrency=concurrency, command=command, git_commit=git_commit
         )
-        eval_s += results["wall_time_s"]
+        eval_s += results["eval_generate_s"]
         summary = _summary(spec, results, metrics)
         plot = f"demo_{spec.name}.png"
         if _plot(summary, out / plot):

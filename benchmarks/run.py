@@ -175,6 +175,9 @@ def _command_line(args: RunArgs) -> list[str]:
         if value == f.default:
             continue
         flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            words.append(flag if value else "--no-" + flag[2:])
+            continue
         for item in value if isinstance(value, tuple) else (value,):
             words += [flag, str(item)]
     return words
