@@ -135,12 +135,11 @@ def _config(spec: DemoTask) -> Any:
 
 def _train(
     spec: DemoTask, root: Path, *, progress: bool
-) -> tuple[list[tuple[str, str]], list[dict[str, Any]], float]:
-    """Train (or resume) the task's iSFT run; returns ``[(stage, checkpoint)]``, its metrics, wall s."""
+) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+    """Train (or resume) the task's iSFT run; returns ``[(stage, checkpoint)]`` and its metrics."""
     from optima_trainers.loop import IterativeTrainer, plan_stages
     from optima_trainers.runs import RunDir
 
-    started = time.perf_counter()
     folder = root / "train"
     if (folder / "config.json").is_file():
         run_dir, stored = RunDir.open(folder)
@@ -164,7 +163,7 @@ def _train(
     for stage in plan_stages(config):
         record = json.loads((folder / stage.name / "result.json").read_text(encoding="utf-8"))
         stages.append((stage.name, str(run_dir.model_path(record["model"]))))
-    return stages, metrics, time.perf_counter() - started
+    return stages, metrics
 
 
 def _evaluate(
@@ -450,7 +449,7 @@ def run_demo(
             logger.warning("demo task %s skipped: %s", spec.task, exc)
             summaries.append(_summary(spec, _missing(spec, exc), []))
             continue
-        checkpoints, metrics, _ = _train(spec, root, progress=progress)
+        checkpoints, metrics = _train(spec, root, progress=progress)
         # the stages' own phase timings, summed over every invocation that worked on them
         train_s += sum(v for m in metrics for k, v in m.items() if k.startswith("time/"))
         results = _evaluate(
