@@ -49,6 +49,11 @@ _FIELD_FLAGS: dict[str, tuple[str, type, str]] = {
     "--batch-size": ("sft_batch_size", int, "effective SFT batch size"),
     "--max-steps": ("max_steps", int, "cap on optimizer steps per training stage"),
     "--theta-sft": ("theta_sft", float, "θ_sft: minimum total reward of a selected trajectory"),
+    "--min-task-score": (
+        "min_task_score",
+        float,
+        "select only among trajectories with at least this task score (not in the paper)",
+    ),
     "--selection-order": ("selection_order", str, "code (top 70%% then θ) or paper (θ then 70%%)"),
     "--report-to": ("report_to", str, "none, tensorboard or wandb"),
     "--normalizer-instances": ("normalizer_instances", int, "instances setting the MCTS token normalizer"),
