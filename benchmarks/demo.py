@@ -32,9 +32,9 @@ from typing import Any
 
 from benchmarks.methods import PlaySettings, build_methods
 from benchmarks.outputs import collect_results, write_outputs
-from benchmarks.policies import load_policy
 from benchmarks.store import EpisodeStore
-from benchmarks.units import TaskEntry, pending_jobs, play
+from benchmarks.suites import get_suite
+from benchmarks.units import TaskEntry, open_task, play_methods
 from optima_env import make_task
 from optima_env.errors import DataError, MissingDependencyError, TaskContractError
 from optima_env.io import write_json_atomic, write_text_atomic
@@ -186,16 +186,10 @@ def _evaluate(
     )
     named = {_iteration_label(stage): path for stage, path in checkpoints}
     methods = build_methods(("mad", "cot"), named, settings)
-    entry = TaskEntry(task=spec.task)
-    try:
-        task = make_task(spec.task, **dict(spec.task_kwargs))
-        entry.family = task.family
-        samples = task.samples(spec.eval_split)
-        entry.instances = min(spec.eval_instances, len(samples))
-        samples[entry.instances - 1]
-        entry.obj = task
-    except (DataError, MissingDependencyError) as exc:
-        entry.miss(exc)
+    entry = open_task(
+        (spec.task,), explicit=True, suite=get_suite("demo"), split=spec.eval_split,
+        episodes=spec.eval_instances, pm=None, task_kwargs=spec.task_kwargs,
+    )  # fmt: skip
     folder = root / "eval"
     folder.mkdir(parents=True, exist_ok=True)
     store = EpisodeStore(folder / "episodes.jsonl")
@@ -207,19 +201,10 @@ def _evaluate(
         else 0.0
     )
     generating = time.perf_counter()
-    for model in dict.fromkeys(m.model or spec.model for m in methods):
-        policy = tokenizer = None
-        for method in (m for m in methods if (m.model or spec.model) == model):
-            jobs = pending_jobs(method, entry, store, seed=settings.seed)
-            if not jobs:
-                continue
-            if policy is None:
-                policy, tokenizer = load_policy(model, backend="hf", batch_size=concurrency)
-            play(
-                method, entry, jobs, policy, tokenizer, store=store, settings=settings,
-                split=spec.eval_split, concurrency=concurrency, model=model,
-            )  # fmt: skip
-        del policy, tokenizer
+    play_methods(
+        methods, [entry], store, settings=settings, split=spec.eval_split, concurrency=concurrency,
+        backend="hf", default_model=spec.model,
+    )  # fmt: skip
     if len(store) > resumed or not timing_path.is_file():
         spent += time.perf_counter() - generating
         write_json_atomic(timing_path, {"generate_s": round(spent, 1)})

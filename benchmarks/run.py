@@ -48,11 +48,10 @@ from typing import Any
 
 from benchmarks.methods import PlaySettings, build_methods
 from benchmarks.outputs import collect_results, write_outputs
-from benchmarks.policies import load_policy
 from benchmarks.store import EpisodeStore
 from benchmarks.suites import get_suite
-from benchmarks.units import open_task, pending_jobs, play
-from optima_env.errors import DataError, OptimaError
+from benchmarks.units import open_task, play_methods
+from optima_env.errors import OptimaError
 from optima_env.io import write_json_atomic
 
 logger = logging.getLogger("benchmarks.run")
@@ -311,27 +310,10 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
     store = EpisodeStore(out / "episodes.jsonl")
     resumed = len(store)
 
-    for model in dict.fromkeys(m.model or args.model for m in methods):
-        policy = tokenizer = None
-        for method in (m for m in methods if (m.model or args.model) == model):
-            for entry in entries:
-                jobs = pending_jobs(method, entry, store, seed=settings.seed)
-                if not jobs:
-                    continue
-                if policy is None:  # loaded only when something is left to generate
-                    policy, tokenizer = load_policy(model, backend=backend, batch_size=args.concurrency)
-                logger.info("%s on %s: %d episodes to generate", method.label, entry.task, len(jobs))
-                try:
-                    play(
-                        method, entry, jobs, policy, tokenizer, store=store, settings=settings,
-                        split=args.split, concurrency=args.concurrency, model=model,
-                    )  # fmt: skip
-                except DataError as exc:  # a lazily loaded row that is missing or malformed
-                    entry.miss(exc)
-        close = getattr(policy, "close", None)
-        if callable(close):  # e.g. a vLLM engine's worker processes
-            close()
-        del policy, tokenizer
+    play_methods(
+        methods, entries, store, settings=settings, split=args.split, concurrency=args.concurrency,
+        backend=backend, default_model=args.model,
+    )  # fmt: skip
 
     wall = round(time.time() - started, 1)
     results = collect_results(entries, methods, store)

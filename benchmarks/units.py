@@ -8,10 +8,13 @@ episode to the store as it ends, so a crash loses at most the episodes in flight
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.methods import Method, PlaySettings
+from benchmarks.policies import load_policy
 from benchmarks.store import EpisodeStore
 from benchmarks.suites import Suite
 from optima_env import RewardConfig, make_task, resolve_task_id
@@ -20,7 +23,9 @@ from optima_env.policy import ChatPolicy
 from optima_env.rollout import RolloutJob, make_jobs, rollout
 from optima_env.task import Task
 
-__all__ = ["TaskEntry", "open_task", "pending_jobs", "play"]
+__all__ = ["TaskEntry", "open_task", "pending_jobs", "play", "play_methods"]
+
+logger = logging.getLogger("benchmarks.run")
 
 
 @dataclass
@@ -43,7 +48,14 @@ class TaskEntry:
 
 
 def open_task(
-    names: tuple[str, ...], *, explicit: bool, suite: Suite, split: str, episodes: int | None, pm: Any
+    names: tuple[str, ...],
+    *,
+    explicit: bool,
+    suite: Suite,
+    split: str,
+    episodes: int | None,
+    pm: Any,
+    task_kwargs: Mapping[str, Any] | None = None,
 ) -> TaskEntry:
     """Resolve and load one task of the run.
 
@@ -55,6 +67,7 @@ def open_task(
         split: the data split.
         episodes: ``--episodes`` (overrides the suite's number of instances).
         pm: the plugin manager.
+        task_kwargs: keyword arguments of the task factory (e.g. ``{"style": "small"}``).
     """
     task_id = None
     for name in names:
@@ -68,7 +81,7 @@ def open_task(
         return TaskEntry(task=names[0], status="not registered", reason=f"no task named {' / '.join(names)}")
     entry = TaskEntry(task=task_id)
     try:
-        task = make_task(task_id, pm=pm)
+        task = make_task(task_id, pm=pm, **dict(task_kwargs or {}))
         entry.family = task.family
         samples = task.samples(split)
         if len(samples) == 0:
@@ -130,3 +143,42 @@ def play(
         progress=True,
         stop_at_speaker_tags=settings.stop_at_speaker_tags,
     )
+
+
+def play_methods(
+    methods: Sequence[Method],
+    entries: Sequence[TaskEntry],
+    store: EpisodeStore,
+    *,
+    settings: PlaySettings,
+    split: str,
+    concurrency: int,
+    backend: str,
+    default_model: str,
+) -> None:
+    """Generate every pending (method, task) unit, loading each model once and only if needed.
+
+    A lazily loaded row that is missing or malformed marks its task ``data missing`` (the run goes
+    on); a policy with a ``close`` method (a vLLM engine) is closed once its methods are done.
+    """
+    for model in dict.fromkeys(m.model or default_model for m in methods):
+        policy = tokenizer = None
+        for method in (m for m in methods if (m.model or default_model) == model):
+            for entry in entries:
+                jobs = pending_jobs(method, entry, store, seed=settings.seed)
+                if not jobs:
+                    continue
+                if policy is None:  # loaded only when something is left to generate
+                    policy, tokenizer = load_policy(model, backend=backend, batch_size=concurrency)
+                logger.info("%s on %s: %d episodes to generate", method.label, entry.task, len(jobs))
+                try:
+                    play(
+                        method, entry, jobs, policy, tokenizer, store=store, settings=settings,
+                        split=split, concurrency=concurrency, model=model,
+                    )  # fmt: skip
+                except DataError as exc:
+                    entry.miss(exc)
+        close = getattr(policy, "close", None)
+        if callable(close):
+            close()
+        del policy, tokenizer

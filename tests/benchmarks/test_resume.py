@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import benchmarks.run as bench_run
+import benchmarks.units as bench_units
 from benchmarks.policies import ReaderPolicy
 from benchmarks.run import RunConfigError
 from optima_env.io import read_episodes
@@ -18,14 +18,14 @@ FLAGS = ("--model", "scripted", "--methods", "cot,sc,mad", "--sc-n", "3", "--epi
 def policies(monkeypatch):
     """Every policy the runner loads, so tests can count generate calls."""
     loaded: list[ReaderPolicy] = []
-    original = bench_run.load_policy
+    original = bench_units.load_policy
 
     def load(model, **kwargs):
         policy, tokenizer = original(model, **kwargs)
         loaded.append(policy)
         return policy, tokenizer
 
-    monkeypatch.setattr(bench_run, "load_policy", load)
+    monkeypatch.setattr(bench_units, "load_policy", load)
     return loaded
 
 
