@@ -18,6 +18,7 @@ from benchmarks.report import long_table, render_report
 from benchmarks.store import EpisodeStore
 from benchmarks.viewer import render_viewer
 from optima_env.io import write_json_atomic, write_text_atomic
+from optima_env.task import metric_name
 
 __all__ = ["collect_results", "write_outputs"]
 
@@ -53,6 +54,7 @@ def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: Ep
             row: dict[str, Any] = {
                 "task": entry.task,
                 "family": entry.family,
+                "metric": metric_name(entry.obj, entry.family),
                 "method": method.label,
                 "method_key": method.key,
                 "status": entry.status,
@@ -81,6 +83,7 @@ def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: Ep
         {
             "task": e.task,
             "family": e.family,
+            "metric": metric_name(e.obj, e.family),
             "instances": e.instances if e.obj is not None else 0,
             "status": e.status,
             "reason": e.reason,

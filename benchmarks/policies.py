@@ -7,6 +7,7 @@ reports) sees non-trivial numbers without a model.
 
 from __future__ import annotations
 
+import logging
 import re
 import zlib
 from collections.abc import Sequence
@@ -16,7 +17,16 @@ from optima_env.errors import TaskContractError
 from optima_env.policy import ChatPolicy, GenerationRequest, SamplingParams
 from optima_env.scoring import extract_boxed, extract_tagged
 
-__all__ = ["BACKENDS", "ReaderPolicy", "load_policy"]
+__all__ = [
+    "BACKENDS",
+    "ReaderPolicy",
+    "check_backend_flags",
+    "check_model_name",
+    "load_policy",
+    "token_counter_description",
+]
+
+logger = logging.getLogger("benchmarks.run")
 
 BACKENDS = ("hf", "vllm", "openai")
 
@@ -99,26 +109,95 @@ def _verify_if_checkpoint(model: str) -> None:
         require_complete(model)
 
 
-def load_policy(model: str, *, backend: str, batch_size: int) -> tuple[ChatPolicy, Any]:
+def check_model_name(model: str, backend: str) -> None:
+    """Refuse a ``--model`` that is a URL: a server is reached with ``--backend openai --base-url``."""
+    if model.startswith(("http://", "https://")):
+        hint = "" if backend == "openai" else "--backend openai "
+        raise TaskContractError(
+            f"--model {model!r} is a URL, but --model names a model (a Hugging Face name, a folder, "
+            f"'embedded' or 'scripted'); to play against an OpenAI-compatible server, pass {hint}"
+            f"--base-url {model} --model <the model name the server serves>"
+        )
+
+
+def check_backend_flags(model: str, backend: str, *, base_urls: Sequence[str]) -> None:
+    """Refuse ``--model``, ``--backend`` and ``--base-url`` values that cannot work together."""
+    if model == "scripted":
+        return
+    check_model_name(model, backend)
+    if base_urls and backend != "openai":
+        raise TaskContractError(
+            f"--base-url is for --backend openai (an OpenAI-compatible server), but the backend is "
+            f"{backend!r}; add --backend openai, or drop --base-url"
+        )
+    if backend == "openai" and not base_urls:
+        raise TaskContractError(
+            "--backend openai needs the server: add --base-url URL (e.g. http://127.0.0.1:8000/v1; "
+            "repeat it to rotate over several servers) and --model <the model name the server serves>"
+        )
+
+
+def token_counter_description(model: str, backend: str, tokenizer: str | None) -> str:
+    """How a run's turns were counted, for its provenance."""
+    if model == "scripted":
+        return "regex approximation (scripted policy)"
+    if backend == "openai" and tokenizer is None:
+        return "regex approximation (--backend openai without --tokenizer)"
+    name = f" {tokenizer}" if backend == "openai" else " of the model that played"
+    return f"the tokenizer{name} (len(tokenizer.tokenize(turn text)))"
+
+
+def _openai_policy(
+    model: str, *, base_urls: Sequence[str], api_key_env: str | None, tokenizer: str | None, batch_size: int
+) -> tuple[ChatPolicy, Any]:
+    check_backend_flags(model, "openai", base_urls=base_urls)
+    from optima_env.backends.openai import OpenAIChatPolicy
+
+    policy = OpenAIChatPolicy(model, list(base_urls), api_key_env=api_key_env, max_concurrency=batch_size)
+    if tokenizer is None:
+        logger.warning(
+            "--backend openai without --tokenizer: turns are counted with the regex approximation "
+            "(optima_env.tokens.RegexTokenCounter); pass --tokenizer NAME_OR_FOLDER for exact counts"
+        )
+        return policy, None
+    from optima_env.errors import require
+    from optima_env.models import resolve_model_path
+
+    transformers = require("transformers", "train")
+    return policy, transformers.AutoTokenizer.from_pretrained(resolve_model_path(tokenizer))
+
+
+def load_policy(
+    model: str,
+    *,
+    backend: str,
+    batch_size: int,
+    base_urls: Sequence[str] = (),
+    api_key_env: str | None = "OPENAI_API_KEY",
+    tokenizer: str | None = None,
+) -> tuple[ChatPolicy, Any]:
     """``(policy, tokenizer)`` for ``model``; the tokenizer is ``None`` for the scripted policy.
 
     ``hf`` is transformers (:class:`~optima_env.backends.hf.TransformersPolicy`), ``vllm`` the vLLM
-    offline engine with its defaults (:class:`~optima_env.backends.vllm.VLLMPolicy`).
+    offline engine with its defaults (:class:`~optima_env.backends.vllm.VLLMPolicy`), ``openai``
+    any OpenAI-compatible server at ``base_urls`` (:class:`~optima_env.backends.openai.OpenAIChatPolicy`,
+    ``model`` being the name the server serves; the API key is read from ``$api_key_env``), whose
+    turns are counted with ``tokenizer`` (a model name or folder; ``None``: the regex approximation).
 
     Raises:
-        TaskContractError: an unknown backend, or ``openai`` (not wired yet).
+        TaskContractError: an unknown backend, a URL as ``model``, or ``openai`` without ``base_urls``.
         MissingDependencyError: the backend's package is not installed.
     """
     if model == "scripted":
         return ReaderPolicy(), None
-    _verify_if_checkpoint(model)
+    check_model_name(model, backend)
     if backend not in BACKENDS:
         raise TaskContractError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     if backend == "openai":
-        raise TaskContractError(
-            "--backend openai is not wired into benchmarks.run yet (it needs server URLs); use --backend hf "
-            "or vllm, or build an optima_env.backends.openai.OpenAIChatPolicy in your own script"
+        return _openai_policy(
+            model, base_urls=base_urls, api_key_env=api_key_env, tokenizer=tokenizer, batch_size=batch_size
         )
+    _verify_if_checkpoint(model)
     if backend == "vllm":
         from optima_env.backends.vllm import VLLMPolicy
 

@@ -2,13 +2,16 @@
 
 Every number comes from the ``results`` dict that :mod:`benchmarks.run` builds from the run's
 episodes; nothing here computes or types in a number of its own. Scores are shown as in the
-paper's Table 1 (F1 or accuracy in %, mean #tokens per instance).
+paper's Table 1 (in %, mean #tokens per instance), each under its task's own metric (``metric`` of
+the task, e.g. F1, accuracy, exact match; :func:`optima_env.task.metric_name`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from optima_env.task import metric_name
 
 __all__ = ["long_table", "paper_tables", "render_report", "scaling_table"]
 
@@ -54,10 +57,10 @@ def paper_tables(results: Mapping[str, Any]) -> str:
     families = list(dict.fromkeys(t["family"] for t in tasks))
     for family in families:
         group = [t for t in tasks if t["family"] == family]
-        metric = "F1" if family == "information_exchange" else "Acc"
+        metrics = [t.get("metric") or metric_name(None, family) for t in group]
         header = ["Method"]
-        for t in group:
-            header += [f"{t['task']} {metric}", "#Tok"]
+        for t, metric in zip(group, metrics):
+            header += [f"{t['task']} {_cell(metric)}", "#Tok"]
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for label in methods:
             cells = [_cell(label)]
@@ -69,7 +72,8 @@ def paper_tables(results: Mapping[str, Any]) -> str:
                     cells += [f"{100 * r['score']:.1f}", f"{r['mean_tokens']:.1f}"]
             lines.append("| " + " | ".join(cells) + " |")
         title = _FAMILY_TITLES.get(family, family or "tasks")
-        out.append(f"**{title}** ({metric} in %, #Tok = mean tokens per instance)\n\n" + "\n".join(lines))
+        named = " / ".join(_cell(m) for m in dict.fromkeys(metrics))
+        out.append(f"**{title}** ({named} in %, #Tok = mean tokens per instance)\n\n" + "\n".join(lines))
     return "\n\n".join(out) + "\n"
 
 

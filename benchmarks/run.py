@@ -26,6 +26,10 @@ Examples::
     python -m benchmarks.run --suite scaling --scaling-k 16 --out results/scaling
     python -m benchmarks.run --checkpoint iSFT=runs/isft/iter5 --checkpoint iDPO=runs/idpo/iter5
     python -m benchmarks.run --model scripted --episodes 3     # no model: plumbing check
+    python -m benchmarks.run --backend openai --base-url http://127.0.0.1:8000/v1 --model NAME
+
+An expected error (bad input, missing data or extra, a failing server) is one line on stderr and
+exit code 2; ``--debug`` prints its traceback too.
 """
 
 from __future__ import annotations
@@ -42,12 +46,14 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.methods import PlaySettings, build_methods
 from benchmarks.outputs import collect_results, write_outputs
+from benchmarks.policies import check_backend_flags, token_counter_description
 from benchmarks.store import EpisodeStore
 from benchmarks.suites import get_suite
 from benchmarks.units import open_task, play_methods
@@ -75,9 +81,19 @@ class RunArgs:
     checkpoint: tuple[str, ...] = ()
     """A trained model as NAME=PATH (repeatable): one row each, the multi-agent system, greedy."""
     model: str = "embedded"
-    """Model of the baselines: embedded, a Hugging Face name or folder, or scripted (no model)."""
+    """Model of the baselines: embedded, a Hugging Face name or folder, scripted (no model), or
+    with --backend openai the name the server serves."""
     backend: str | None = None
-    """Generation backend: hf or vllm (default: the suite's; openai is not wired yet)."""
+    """Generation backend: hf, vllm, or openai (an OpenAI-compatible server, with --base-url)
+    (default: the suite's)."""
+    base_url: tuple[str, ...] = ()
+    """--backend openai: the server's base URL, e.g. http://127.0.0.1:8000/v1 (repeatable: requests
+    rotate over the servers)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """--backend openai: the environment variable holding the API key (unset: no key is sent)."""
+    tokenizer: str | None = None
+    """--backend openai: the tokenizer (Hugging Face name or folder) that counts each turn's tokens
+    (default: the regex approximation)."""
     episodes: int | None = None
     """Instances per task (the first N of the split; default: the suite's)."""
     split: str = "test"
@@ -110,6 +126,8 @@ class RunArgs:
     """CPU threads of torch (default: torch's choice; 1 is faster on a CPU shared with other jobs)."""
     update_readme: bool = False
     """demo suite: rewrite the README block between the demo markers from this run."""
+    debug: bool = False
+    """On an error, print its traceback too (default: one line on stderr, exit code 2)."""
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -289,6 +307,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
     checkpoints = _checkpoints(args.checkpoint)
     methods = build_methods(args.methods or suite.methods, checkpoints, settings, scaling=suite.scaling)
     backend = args.backend or suite.backend
+    check_backend_flags(args.model, backend, base_urls=args.base_url)
     explicit = bool(args.task)
     task_names = tuple((t,) for t in args.task) if explicit else suite.tasks
     entries = [
@@ -313,6 +332,8 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
     play_methods(
         methods, entries, store, settings=settings, split=args.split, concurrency=args.concurrency,
         backend=backend, default_model=args.model,
+        policy_options={"base_urls": args.base_url, "api_key_env": args.api_key_env or None,
+                        "tokenizer": args.tokenizer},
     )  # fmt: skip
 
     wall = round(time.time() - started, 1)
@@ -322,9 +343,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
         suite=suite.name,
         model=args.model,
         backend=backend if args.model != "scripted" else "scripted",
-        token_counter="regex approximation (scripted policy)"
-        if args.model == "scripted"
-        else "the tokenizer of the model that played (len(tokenizer.tokenize(turn text)))",
+        token_counter=token_counter_description(args.model, backend, args.tokenizer),
         data_dir=data_dir,
         split=args.split,
         settings=dataclasses.asdict(settings),
@@ -351,8 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         run(args)
-    except OptimaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except OptimaError as exc:  # expected: bad input, missing data or extras, a failing server
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     return 0
 

@@ -155,11 +155,13 @@ def play_methods(
     concurrency: int,
     backend: str,
     default_model: str,
+    policy_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Generate every pending (method, task) unit, loading each model once and only if needed.
 
     A lazily loaded row that is missing or malformed marks its task ``data missing`` (the run goes
     on); a policy with a ``close`` method (a vLLM engine) is closed once its methods are done.
+    ``policy_options`` go to :func:`~benchmarks.policies.load_policy` (``base_urls``, ...).
     """
     for model in dict.fromkeys(m.model or default_model for m in methods):
         policy = tokenizer = None
@@ -169,7 +171,9 @@ def play_methods(
                 if not jobs:
                     continue
                 if policy is None:  # loaded only when something is left to generate
-                    policy, tokenizer = load_policy(model, backend=backend, batch_size=concurrency)
+                    policy, tokenizer = load_policy(
+                        model, backend=backend, batch_size=concurrency, **dict(policy_options or {})
+                    )
                 logger.info("%s on %s: %d episodes to generate", method.label, entry.task, len(jobs))
                 try:
                     play(

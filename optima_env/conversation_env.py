@@ -9,15 +9,19 @@ Conversation rules (spec §2.4, the reference code's behaviour):
   extraction), the episode **terminates** if it equals the current answer exactly; otherwise it
   becomes the current answer. The final answer is the current answer when the episode ends.
 * After ``max_turns`` turns (default 10) the episode is **truncated**.
-* A turn of ``turn_token_cap`` tokens or more (default 2000) is replaced by the marker ``large``
-  and the episode is truncated.
+* A turn of ``turn_token_cap`` tokens or more (default 2000), or of more than
+  ``MAX_CHARS_PER_TOKEN`` (16) characters per token of that cap whatever the counter says, is
+  replaced by the marker ``large`` and the episode is truncated. An action longer than
+  ``ACTION_MAX_LENGTH`` (400,000 characters) is refused with :class:`TaskContractError`.
 * Each turn starts with ``"Name:"``; the env adds the prefix when a reply lacks it. Token counts
   use the policy's tokenizer on the turn text with its prefix; system prompts are not counted.
 
 Observations and actions are ``str`` in :class:`~optima_env.spaces.ConversationText`. An agent's
 observation is its system prompt and the transcript; :meth:`ConversationEnv.chat_messages` gives
 the same as chat messages for an LLM. All agents share the episode reward, paid when it ends
-(:mod:`optima_env.reward` with a fixed token normalizer; trainers re-score groups). The finished
+(:mod:`optima_env.reward` with a fixed token normalizer; trainers re-score groups, and pass
+``scoring=False`` to skip it). ``step``, ``observe``, ``last`` and ``chat_messages`` before the
+first ``reset`` raise :class:`~optima_env.errors.EnvNotResetError`. The finished
 :class:`~optima_env.types.Episode` is in ``infos[agent]["episode"]`` and goes to the
 ``optima_episode_end`` hook.
 """
@@ -32,11 +36,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pettingzoo import AECEnv
 
+from optima_env._env_checks import (
+    check_action,
+    check_seed,
+    checked_score,
+    draw_instance,
+    episode_over,
+    not_reset,
+    readability_loss,
+)
 from optima_env.errors import TaskContractError
 from optima_env.reward import LARGE_TURN_MARKER, RewardConfig, score_episode
 from optima_env.spaces import ACTION_MAX_LENGTH, OBSERVATION_MAX_LENGTH, ConversationText, TextObservation
 from optima_env.task import Task
-from optima_env.tokens import as_token_counter
+from optima_env.tokens import MAX_CHARS_PER_TOKEN, as_token_counter
 from optima_env.types import AgentView, Episode, TaskSample, Turn
 
 if TYPE_CHECKING:
@@ -45,8 +58,6 @@ if TYPE_CHECKING:
 __all__ = ["ConversationEnv"]
 
 logger = logging.getLogger(__name__)
-
-_RESET_OPTIONS = frozenset({"index", "sample", "format_index", "prefix"})
 
 MessageFormat = Literal["code", "alternating"]
 
@@ -58,9 +69,15 @@ class ConversationEnv(AECEnv):
         task: the task (from :func:`optima_env.make_task` or any :class:`~optima_env.task.Task`).
         split: the data split episodes are drawn from (``train`` or ``test``).
         max_turns: turns before truncation (spec: 10 in total, 5 per agent for two agents).
-        turn_token_cap: a turn with this many tokens or more becomes ``large`` and ends the episode.
+        turn_token_cap: a turn with this many tokens or more becomes ``large`` and ends the episode;
+            so does one longer than ``MAX_CHARS_PER_TOKEN * turn_token_cap`` characters
+            (:attr:`turn_char_cap`), whatever the token counter says.
         tokenizer: the policy's tokenizer (or a token counter); ``None`` uses a regex approximation.
         reward_config: weights and special cases of the episode reward.
+        scoring: compute the episode reward (``episode.reward``, paid to every agent at the end).
+            ``False``: no reward is computed: ``episode.reward`` is ``None`` and the rewards paid
+            are 0.0 (trainers score episodes themselves with the run's reward config; the task
+            score and ``lm_loss`` are still recorded).
         token_normalizer: the constant token normalizer of the per-episode reward.
         readability: callable mapping turn texts to per-turn LM losses (frozen base model); when
             given, the env computes ``lm_loss`` (max over turns) at the end of each episode.
@@ -73,6 +90,16 @@ class ConversationEnv(AECEnv):
         render_mode: ``None``, ``"human"`` (print) or ``"ansi"`` (return the transcript).
         pm: the plugin manager whose ``optima_episode_*`` hooks are fired.
     """
+
+    # Every attribute the env has is set in __init__ (the per-episode ones are reset by reset()).
+    possible_agents: list[str]  # the task's agents, in speaking order
+    agents: list[str]  # agents still in the episode (empty before reset and once all have left)
+    rewards: dict[str, float]  # reward of the last step, per agent
+    _cumulative_rewards: dict[str, float]  # reward since the agent last acted (PettingZoo's)
+    terminations: dict[str, bool]  # the episode ended by agreement
+    truncations: dict[str, bool]  # the episode ended otherwise (max_turns, a large turn)
+    infos: dict[str, dict[str, Any]]  # {"episode": Episode} once it has ended
+    agent_selection: str  # the agent to act next
 
     metadata = {
         "name": "optima_conversation_v0",
@@ -96,6 +123,7 @@ class ConversationEnv(AECEnv):
         cycle_aligned: bool = False,
         render_mode: str | None = None,
         pm: pluggy.PluginManager | None = None,
+        scoring: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(max_turns, int) or max_turns < 1:
@@ -114,8 +142,10 @@ class ConversationEnv(AECEnv):
         self.split = split
         self.max_turns = max_turns
         self.turn_token_cap = turn_token_cap
+        self.turn_char_cap = MAX_CHARS_PER_TOKEN * turn_token_cap
         self.token_counter = as_token_counter(tokenizer)
         self.reward_config = reward_config or RewardConfig()
+        self.scoring = bool(scoring)
         self.token_normalizer = float(token_normalizer)
         self.readability = readability
         self.diverse_formats = diverse_formats
@@ -128,8 +158,22 @@ class ConversationEnv(AECEnv):
         self.possible_agents = list(task.agents)
         self._action_space = ConversationText(ACTION_MAX_LENGTH)
         self._observation_space = ConversationText(OBSERVATION_MAX_LENGTH)
+        # per-episode state, set by reset(); _sample is None until the first reset
         self.agents = []
+        self.rewards = {}
+        self._cumulative_rewards = {}
+        self.terminations = {}
+        self.truncations = {}
+        self.infos = {}
+        self.agent_selection = self.possible_agents[0]
+        self._skip_agent_selection: str | None = None  # PettingZoo's _was_dead_step bookkeeping
         self._sample: TaskSample | None = None
+        self._seed: int | None = None
+        self._views: dict[str, AgentView] = {}
+        self._format_index: int | None = None
+        self._turns: list[Turn] = []
+        self._current_answer: str | None = None
+        self._speaker_index = 0
         self._episode: Episode | None = None
 
     # -- spaces ---------------------------------------------------------------------------------
@@ -144,63 +188,34 @@ class ConversationEnv(AECEnv):
         """Start a conversation.
 
         Args:
-            seed: seeds the choice of instance (when none is given), the dealing of evidence and the
-                format drawn from the pool.
+            seed: an ``int`` (numpy integers are converted) or ``None``; seeds the choice of
+                instance (when none is given), the dealing of evidence and the format drawn from
+                the pool. Anything else raises :class:`TaskContractError`.
             options: ``{"index": i}`` picks instance ``i`` of the split; ``{"sample": TaskSample}``
                 plays that instance; ``{"format_index": k}`` forces pool format ``k`` (or ``None``);
                 ``{"prefix": [text, ...]}`` replays those utterances as the first turns (same rules
                 as ``step``; used to continue a conversation from a tree node). A prefix that ends
                 the episode raises :class:`TaskContractError`.
         """
+        seed = check_seed(seed)
         options = dict(options or {})
-        unknown = set(options) - _RESET_OPTIONS
-        if unknown:  # PettingZoo's api_test passes arbitrary options: warn, do not fail
-            logger.warning(
-                "ignoring unknown reset options %s; expected one of %s",
-                sorted(unknown),
-                sorted(_RESET_OPTIONS),
-            )
         rng = random.Random(seed)
         self._seed = seed
-        if "sample" in options:
-            sample = options["sample"]
-            if not isinstance(sample, TaskSample):
-                raise TaskContractError(
-                    f"options['sample'] must be a TaskSample, got {type(sample).__name__}"
-                )
-        else:
-            samples = self.task.samples(self.split)
-            if len(samples) == 0:
-                raise TaskContractError(f"task {self.task.id!r} split {self.split!r} has no instances")
-            index = options.get("index", rng.randrange(len(samples)))
-            if not isinstance(index, int) or not 0 <= index < len(samples):
-                raise TaskContractError(
-                    f"options['index'] must be an int in [0, {len(samples)}), got {index!r}"
-                )
-            sample = samples[index]
-        if "format_index" in options:
-            format_index = options["format_index"]
-        elif self.diverse_formats:
-            format_index = rng.randrange(self.task.num_formats)
-        else:
-            format_index = None
-        if format_index is not None and not (
-            isinstance(format_index, int) and 0 <= format_index < self.task.num_formats
-        ):
-            raise TaskContractError(
-                f"format_index must be None or an int in [0, {self.task.num_formats}), got {format_index!r}"
-            )
+        sample, format_index = draw_instance(
+            self.task, self.split, options, rng=rng, diverse_formats=self.diverse_formats
+        )
         views = dict(self.task.views(sample, rng=rng, format_index=format_index))
         if set(views) != set(self.possible_agents):
             raise TaskContractError(
                 f"task {self.task.id!r} returned views for {sorted(views)}, expected {self.possible_agents}"
             )
         self._sample = sample
-        self._views: dict[str, AgentView] = views
+        self._views = views
         self._format_index = format_index
-        self._turns: list[Turn] = []
-        self._current_answer: str | None = None
+        self._turns = []
+        self._current_answer = None
         self._episode = None
+        self._skip_agent_selection = None
 
         self.agents = list(self.possible_agents)
         self.rewards = {a: 0.0 for a in self.agents}
@@ -222,18 +237,35 @@ class ConversationEnv(AECEnv):
 
     def observe(self, agent: str) -> str:
         """The agent's system prompt followed by the transcript so far."""
-        view = self._views[agent]
+        view = self._view("observe", agent)
         lines = [view.system_prompt, ""] + [t.text for t in self._turns]
         return TextObservation("\n".join(lines)[:OBSERVATION_MAX_LENGTH])
 
     def chat_messages(self, agent: str) -> list[dict[str, str]]:
         """What ``agent`` reads, as chat messages: its system prompt and every turn so far."""
-        messages = [{"role": "system", "content": self._views[agent].system_prompt}]
+        messages = [{"role": "system", "content": self._view("chat_messages", agent).system_prompt}]
         for turn in self._turns:
             own = turn.agent == agent
             role = "assistant" if self.message_format == "code" or own else "user"
             messages.append({"role": role, "content": turn.text})
         return messages
+
+    def last(self, observe: bool = True) -> tuple[str | None, float, bool, bool, dict[str, Any]]:
+        """Observation, cumulative reward, terminated, truncated and info of the selected agent."""
+        if self._sample is None:
+            raise not_reset("last")
+        if self.agent_selection not in self._cumulative_rewards:
+            raise episode_over(self.agent_selection, "last()", self._episode, len(self._turns))
+        return super().last(observe)
+
+    def _view(self, method: str, agent: str) -> AgentView:
+        if self._sample is None:
+            raise not_reset(method)
+        if agent not in self._views:
+            raise TaskContractError(
+                f"{method}({agent!r}): no such agent; the agents are {self.possible_agents}"
+            )
+        return self._views[agent]
 
     def reply_prefix(self, agent: str) -> str:
         """The ``"Name:"`` prefix a reply must start with (empty if the task does not enforce it)."""
@@ -243,7 +275,7 @@ class ConversationEnv(AECEnv):
     def sample(self) -> TaskSample:
         """The instance being played."""
         if self._sample is None:
-            raise TaskContractError("call reset() before using the environment")
+            raise not_reset("sample")
         return self._sample
 
     @property
@@ -258,20 +290,24 @@ class ConversationEnv(AECEnv):
 
     def step(self, action: str | None) -> None:
         """The selected agent says ``action`` (its utterance; ``None`` once the episode is over)."""
+        if self._sample is None:
+            raise not_reset("step")
         agent = self.agent_selection
+        if agent not in self.terminations:  # every agent has already left the finished episode
+            raise episode_over(agent, action, self._episode, len(self._turns))
         if self.terminations[agent] or self.truncations[agent]:
+            if action is not None:
+                raise episode_over(agent, action, self._episode, len(self._turns))
             self._was_dead_step(action)
             return
-        if not isinstance(action, str):
-            raise TaskContractError(
-                f"{agent}'s action must be a str (the utterance), got {type(action).__name__}"
-            )
+        action = check_action(agent, action)
         self._cumulative_rewards[agent] = 0.0
         if self._episode is not None:  # cycle_aligned: the episode ended earlier in this cycle
             self._advance_or_end()
             return
         text = self._with_prefix(agent, action)
-        num_tokens = self.token_counter.count(text)
+        too_long = len(text) > self.turn_char_cap  # then not counted: it may be 400,000 characters
+        num_tokens = self.turn_token_cap if too_long else self.token_counter.count(text)
         end_reason: str | None = None
         answer: str | None = None
         if num_tokens >= self.turn_token_cap:
@@ -322,9 +358,7 @@ class ConversationEnv(AECEnv):
     def _record_episode(self, end_reason: str) -> None:
         terminated = end_reason == "agreement"
         sample = self.sample
-        task_score = float(self.task.score(self._current_answer, sample))
-        if not 0.0 <= task_score <= 1.0:
-            raise TaskContractError(f"task {self.task.id!r} scored {task_score!r}; scores must lie in [0, 1]")
+        task_score = checked_score(self.task, self._current_answer, sample)
         episode = Episode(
             task_id=self.task.id,
             sample_id=sample.id,
@@ -341,38 +375,30 @@ class ConversationEnv(AECEnv):
             system_prompts={a: v.system_prompt for a, v in self._views.items()},
             base_system_prompts={a: v.base_system_prompt for a, v in self._views.items()},
             format_index=self._format_index,
-            lm_loss=self._lm_loss(),
+            lm_loss=readability_loss(self.readability, [t.text for t in self._turns]),
         )
-        breakdown = score_episode(episode, config=self.reward_config, normalizer=self.token_normalizer)
-        self._episode = dataclasses.replace(episode, reward=breakdown)
+        if self.scoring:
+            breakdown = score_episode(episode, config=self.reward_config, normalizer=self.token_normalizer)
+            episode = dataclasses.replace(episode, reward=breakdown)
+        self._episode = episode
         if self.pm is not None:
             self.pm.hook.optima_episode_end(episode=self._episode)
 
     def _end_for_all_agents(self) -> None:
         episode = self._episode
-        if episode is None or episode.reward is None:  # pragma: no cover - internal invariant
+        if episode is None:  # pragma: no cover - internal invariant
             raise TaskContractError("internal error: ending an episode that has no record")
         for a in self.agents:
-            self.rewards[a] = episode.reward.total
+            self.rewards[a] = episode.reward.total if episode.reward is not None else 0.0
             self.terminations[a] = episode.terminated
             self.truncations[a] = episode.truncated
             self.infos[a] = {"episode": episode}
-
-    def _lm_loss(self) -> float | None:
-        if self.readability is None or not self._turns:
-            return None
-        losses = list(self.readability([t.text for t in self._turns]))
-        if len(losses) != len(self._turns):
-            raise TaskContractError(
-                f"the readability scorer returned {len(losses)} losses for {len(self._turns)} turns"
-            )
-        return float(max(losses))
 
     def render(self) -> str | None:
         """The transcript (``ansi``), or print it (``human``)."""
         if self.render_mode is None:
             return None
-        transcript = "\n".join(t.text for t in getattr(self, "_turns", []))
+        transcript = "\n".join(t.text for t in self._turns)
         if self.render_mode == "ansi":
             return transcript
         print(transcript)

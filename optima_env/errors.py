@@ -7,6 +7,8 @@ builtin it refines, so that a generic ``except LookupError`` or ``except ValueEr
     ├── UnknownTaskError        (LookupError)   a task id that is not registered
     ├── PluginError             (RuntimeError)  a plugin that breaks the contract (e.g. duplicate ids)
     ├── TaskContractError       (ValueError)    a task or env used against its contract
+    │   └── EpisodeOverError                    a non-None action after the episode ended
+    ├── EnvNotResetError        (RuntimeError)  an env used before its first ``reset()``
     ├── DataError               (ValueError)    a dataset file or row that is malformed or missing
     ├── ScoringError            (ValueError)    a scorer fed input it cannot score
     ├── BackendError            (RuntimeError)  a generation backend failed (after its retries)
@@ -20,6 +22,8 @@ from __future__ import annotations
 __all__ = [
     "BackendError",
     "DataError",
+    "EnvNotResetError",
+    "EpisodeOverError",
     "MissingDependencyError",
     "OptimaError",
     "PluginError",
@@ -43,6 +47,14 @@ class PluginError(OptimaError, RuntimeError):
 
 class TaskContractError(OptimaError, ValueError):
     """Raised when a task or environment is used against its contract."""
+
+
+class EpisodeOverError(TaskContractError):
+    """Raised when a finished agent is given an action other than ``None`` (PettingZoo's rule)."""
+
+
+class EnvNotResetError(OptimaError, RuntimeError):
+    """Raised when an environment is stepped or observed before its first ``reset()``."""
 
 
 class DataError(OptimaError, ValueError):

@@ -11,9 +11,9 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from optima_env.errors import DataError
 from optima_env.types import Episode
@@ -22,6 +22,7 @@ __all__ = [
     "append_jsonl",
     "read_episodes",
     "read_json_object",
+    "read_jsonl",
     "read_text",
     "write_episodes",
     "write_json_atomic",
@@ -30,13 +31,34 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+
+def _umask() -> int:
+    """The process's umask (read from /proc where it can be, so no other thread sees it change)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)  # briefly the strictest mask, never a looser one
+    os.umask(mask)
+    return mask
+
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, fsync it, then rename it into place."""
+    """Write ``text`` to a temporary file beside ``path``, fsync it, then rename it into place.
+
+    The file gets the mode a plain ``open(path, "w")`` would give it (``0o666`` minus the umask),
+    not the ``0o600`` of :func:`tempfile.mkstemp`, so a group sharing a results folder can read it.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -109,6 +131,37 @@ def read_json_object(path: str | os.PathLike[str], *, fix: str = "delete or repa
     return data
 
 
+def read_jsonl(
+    path: str | os.PathLike[str],
+    parse: Callable[[Any], T] = lambda record: record,
+    *,
+    torn_tail: bool = True,
+    fix: str = "delete or repair that line",
+) -> list[T]:
+    """The records of a JSONL file, each passed through ``parse`` (the one JSONL reader).
+
+    With ``torn_tail`` (files appended line by line), a bad final line with no newline after it
+    (a crash mid-append) is skipped with a warning. Any other bad line (invalid JSON, or
+    ``parse`` raising :class:`DataError`, ``KeyError``, ``TypeError`` or ``ValueError``) and bytes
+    that are not UTF-8 raise :class:`DataError` naming the file and the line; ``fix`` says what to
+    do about it.
+    """
+    path = Path(path)
+    lines = read_text(path).split("\n")
+    out: list[T] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(parse(json.loads(line)))
+        except (json.JSONDecodeError, DataError, KeyError, TypeError, ValueError) as exc:
+            if torn_tail and i == len(lines) - 1:  # no newline after it: the append was interrupted
+                logger.warning("%s:%d: skipping a torn last line (interrupted write)", path, i + 1)
+                continue
+            raise DataError(f"{path}, line {i + 1}: not a valid record: {exc}; {fix}") from exc
+    return out
+
+
 def read_episodes(path: str | os.PathLike[str]) -> list[Episode]:
     """Read a JSONL file of episodes (an empty file holds none).
 
@@ -116,17 +169,4 @@ def read_episodes(path: str | os.PathLike[str]) -> list[Episode]:
     line anywhere else (invalid JSON, a missing, unknown or mistyped field), and bytes that are
     not UTF-8, raise :class:`DataError` naming file, line and field.
     """
-    path = Path(path)
-    lines = read_text(path).split("\n")
-    episodes: list[Episode] = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            episodes.append(Episode.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, DataError) as exc:
-            if i == len(lines) - 1:  # no newline after it: the append was interrupted
-                logger.warning("%s:%d: skipping a torn last line (interrupted write)", path, i + 1)
-                continue
-            raise DataError(f"{path}, line {i + 1}: not a valid episode record: {exc}") from exc
-    return episodes
+    return read_jsonl(path, Episode.from_dict, fix="the file is corrupt: delete it to regenerate")

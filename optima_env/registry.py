@@ -4,7 +4,9 @@ Tasks and trainers are found only through pluggy hooks. :func:`get_plugin_manage
 manager (there is no global one): it adds the hookspecs and loads the ``optima`` entry-point group,
 through which the built-in task plugins are registered exactly like a third party's.
 Set ``OPTIMA_DISABLE_PLUGIN_AUTOLOAD=1`` (or pass ``autoload=False``) to skip entry points, and
-``OPTIMA_TRACE_PLUGINS=1`` to log every hook call.
+``OPTIMA_TRACE_PLUGINS=1`` to log every hook call. An entry point that fails to import or to
+register is skipped with one warning naming it and the error; ``OPTIMA_STRICT_PLUGINS=1`` makes
+that a :class:`~optima_env.errors.PluginError` (for CI).
 """
 
 from __future__ import annotations
@@ -13,14 +15,13 @@ import inspect
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from optima_env import hookspecs
 from optima_env.errors import PluginError, UnknownTaskError
+from optima_env.specs import TASK_ID_PATTERN, ReadabilitySpec, TaskSpec, TrainerSpec
 
 if TYPE_CHECKING:
     from optima_env.conversation_env import ConversationEnv
@@ -35,6 +36,7 @@ __all__ = [
     "make",
     "make_parallel",
     "make_task",
+    "readability_specs",
     "resolve_task_id",
     "task_specs",
     "trainer_specs",
@@ -43,65 +45,85 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "optima"
-_ID_PATTERN = re.compile(r"^(?:(?P<ns>[\w.-]+)/)?(?P<name>[\w.]+(?:-[a-z][\w.]*)*?)(?:-v(?P<v>\d+))?$")
+_ID_PATTERN = TASK_ID_PATTERN
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TaskSpec:
-    """A registered task: an id (``namespace/name-vN``) and a factory building the task."""
-
-    id: str
-    factory: Callable[..., Task]
-    family: str
-    """``information_exchange`` or ``debate`` (free text for third-party families)."""
-    description: str = ""
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    """Default keyword arguments for ``factory`` (overridden by those given to ``make``)."""
-
-    def __post_init__(self) -> None:
-        if not _ID_PATTERN.match(self.id):
-            raise PluginError(
-                f"task id {self.id!r} is not of the form 'namespace/name-vN' "
-                "(letters, digits, '_', '.', '-'); rename the task"
-            )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrainerSpec:
-    """A registered trainer backend (``isft``, ``idpo``, ``isft-dpo`` for the built-ins)."""
-
-    name: str
-    factory: Callable[..., Any]
-    description: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReadabilitySpec:
-    """A registered readability scorer factory (returns a callable turn-texts -> LM losses)."""
-
-    name: str
-    factory: Callable[..., Any]
-    description: str = ""
-
-
-def get_plugin_manager(*, autoload: bool | None = None) -> pluggy.PluginManager:
+def get_plugin_manager(*, autoload: bool | None = None, strict: bool | None = None) -> pluggy.PluginManager:
     """Build a fresh plugin manager with the optima hookspecs and the entry-point plugins.
 
     Args:
         autoload: load the ``optima`` entry-point group. ``None`` means yes unless the environment
             variable ``OPTIMA_DISABLE_PLUGIN_AUTOLOAD`` is set to a non-empty value.
+        strict: an entry point that fails to import or to register raises :class:`PluginError`
+            instead of being skipped with a warning. ``None`` means yes when the environment
+            variable ``OPTIMA_STRICT_PLUGINS`` is set (and not ``0``).
+
+    Raises:
+        PluginError: ``strict`` and an entry point failed.
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     if autoload is None:
         autoload = not os.environ.get("OPTIMA_DISABLE_PLUGIN_AUTOLOAD")
+    if strict is None:
+        strict = os.environ.get("OPTIMA_STRICT_PLUGINS", "") not in ("", "0")
     if autoload:
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        _load_entry_points(pm, ENTRY_POINT_GROUP, strict=strict)
     pm.check_pending()
     if os.environ.get("OPTIMA_TRACE_PLUGINS"):
         pm.trace.root.setwriter(lambda msg: logger.info("pluggy: %s", msg.rstrip()))
         pm.enable_tracing()
     return pm
+
+
+_WARNED_ENTRY_POINTS: set[tuple[str, str]] = set()
+"""(entry point, error) pairs already warned about: one warning per process, not per manager."""
+
+
+def _load_entry_points(pm: pluggy.PluginManager, group: str, *, strict: bool) -> None:
+    """Load and register every entry point of ``group``, isolating each one's failure.
+
+    As pluggy's ``load_setuptools_entrypoints``, except that a plugin that fails to import, to
+    register, or implements a hook that does not exist is unregistered and skipped with one
+    warning (or raises :class:`PluginError` when ``strict``) instead of breaking every command.
+    """
+    import importlib.metadata
+
+    for dist in list(importlib.metadata.distributions()):
+        for ep in dist.entry_points:
+            if ep.group != group or pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
+                continue
+            where = f"{ep.name} = {ep.value}"
+            dist_name = dist.metadata["Name"] if dist.metadata else None
+            plugin = None
+            try:
+                plugin = ep.load()
+                pm.register(plugin, name=ep.name)
+                pm.check_pending()  # a hook that no spec defines (a typo) fails this plugin only
+            except Exception as exc:  # a broken third-party plugin must not break every command
+                if plugin is not None and pm.is_registered(plugin):
+                    pm.unregister(plugin)
+                error = f"{type(exc).__name__}: {exc}"
+                message = (
+                    f"optima plugin entry point {where!r} (group {group!r}, distribution "
+                    f"{dist_name or '?'}) failed to load: {error}"
+                )
+                if strict:
+                    raise PluginError(
+                        f"{message}; fix or uninstall that plugin (OPTIMA_STRICT_PLUGINS is set, "
+                        "so broken plugins are errors)"
+                    ) from exc
+                if (where, error) not in _WARNED_ENTRY_POINTS:
+                    _WARNED_ENTRY_POINTS.add((where, error))
+                    logger.warning(
+                        "%s; skipping it (fix or uninstall the plugin; OPTIMA_STRICT_PLUGINS=1 makes "
+                        "this an error)",
+                        message,
+                    )
+                continue
+            distinfo = getattr(pm, "_plugin_distinfo", None)  # what pluggy's list_plugin_distinfo() reads
+            if isinstance(distinfo, list):
+                distinfo.append((plugin, dist))
 
 
 def _collect(pm: pluggy.PluginManager, hook_name: str, key: str) -> dict[str, tuple[Any, str]]:
@@ -138,6 +160,12 @@ def trainer_specs(pm: pluggy.PluginManager | None = None) -> dict[str, TrainerSp
     """All registered trainer backends, by name."""
     pm = pm or get_plugin_manager()
     return {k: v[0] for k, v in sorted(_collect(pm, "optima_register_trainers", "name").items())}
+
+
+def readability_specs(pm: pluggy.PluginManager | None = None) -> dict[str, ReadabilitySpec]:
+    """All registered readability scorers, by name (``transformers`` is built in)."""
+    pm = pm or get_plugin_manager()
+    return {k: v[0] for k, v in sorted(_collect(pm, "optima_register_readability_scorers", "name").items())}
 
 
 def list_tasks(pm: pluggy.PluginManager | None = None) -> list[str]:

@@ -16,9 +16,23 @@ from typing import ClassVar
 from optima_env.errors import TaskContractError
 from optima_env.types import AgentView, TaskSample
 
-__all__ = ["DEFAULT_AGENTS", "Task", "agent_names"]
+__all__ = ["DEFAULT_AGENTS", "FAMILY_METRICS", "Task", "agent_names", "metric_name"]
 
 DEFAULT_AGENTS: tuple[str, ...] = ("Alice", "Bob", "Charlie", "Dave", "Eve", "Frank")
+FAMILY_METRICS: Mapping[str, str] = {"information_exchange": "F1", "debate": "accuracy"}
+"""The metric of a task that does not set :attr:`Task.metric`, by family."""
+
+
+def metric_name(task: Task | None, family: str = "") -> str:
+    """The name reports give a task's score: its ``metric``, else its family's, else ``"score"``.
+
+    >>> metric_name(None, "debate")
+    'accuracy'
+    """
+    declared = getattr(task, "metric", None)
+    if isinstance(declared, str) and declared.strip():
+        return declared.strip()
+    return FAMILY_METRICS.get(getattr(task, "family", None) or family, "score")
 
 
 def agent_names(num_agents: int) -> tuple[str, ...]:
@@ -44,6 +58,9 @@ class Task(abc.ABC):
     """Every turn starts with ``"Name:"``; the env adds the prefix when a reply lacks it."""
     num_formats: int = 0
     """Size of the format-diverse prompt pool (spec §4); 0 when the task has none."""
+    metric: ClassVar[str | None] = None
+    """What :meth:`score` measures, as reports name it (``"F1"``, ``"accuracy"``, ``"exact match"``);
+    ``None``: the family's usual metric (see :func:`metric_name`)."""
 
     _id: str | None = None
 

@@ -2,16 +2,32 @@
 
 As in the reference code (spec §2.4), a turn's count is ``len(tokenizer.tokenize(text))`` of the
 turn text with its ``"Name:"`` prefix and without special tokens; system prompts are not counted.
+Without a tokenizer, :class:`RegexTokenCounter` approximates it in a way long words cannot game,
+and the env also caps a turn's characters at :data:`MAX_CHARS_PER_TOKEN` per token of its cap.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Protocol, runtime_checkable
 
 from optima_env.errors import TaskContractError
 
-__all__ = ["RegexTokenCounter", "TokenCounter", "TokenizerCounter", "as_token_counter"]
+__all__ = [
+    "MAX_CHARS_PER_TOKEN",
+    "RegexTokenCounter",
+    "TokenCounter",
+    "TokenizerCounter",
+    "as_token_counter",
+]
+
+MAX_CHARS_PER_TOKEN = 16
+"""Characters per token that real tokenizers stay well under on any text (about 4 on English).
+
+The env treats a turn longer than ``MAX_CHARS_PER_TOKEN * turn_token_cap`` characters as
+``large`` whatever its counter says, so a counter that undercounts (a custom one, or a tokenizer
+with long merges) cannot carry a huge turn past the cap."""
 
 
 @runtime_checkable
@@ -37,19 +53,31 @@ class TokenizerCounter:
 
 
 class RegexTokenCounter:
-    """A model-free approximation: words, numbers and single punctuation marks are tokens.
+    """A model-free approximation of a BPE tokenizer's count.
 
-    Used only when no tokenizer is given (scripted policies, random-action tests); every run that
-    plays a model passes the model's tokenizer instead.
+    Every punctuation mark or symbol (anything that is neither a word character nor whitespace)
+    is one token, and a run of word characters (a word or number) is one token per
+    :attr:`bytes_per_piece` UTF-8 bytes, rounded up: a short English word is 1 token, a
+    200,000-character word 33,334 (not 1), a CJK character about half a token. Whitespace is
+    free. Used only when no tokenizer is given (scripted policies, random-action tests); every run
+    that plays a model passes the model's tokenizer instead.
 
     >>> RegexTokenCounter().count("Alice: <A>42</A>")
-    7
+    10
+    >>> RegexTokenCounter().count("x" * 60)
+    10
     """
 
+    bytes_per_piece = 6
+    """UTF-8 bytes of a word per counted token (BPE vocabularies average about 4-5 per token)."""
     _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
     def count(self, text: str) -> int:
-        return sum(1 for _ in self._TOKEN.finditer(text))
+        size = self.bytes_per_piece  # a mark is one match of at most 4 bytes: one token
+        return sum(
+            math.ceil(len(m.group().encode("utf-8", "surrogatepass")) / size)
+            for m in self._TOKEN.finditer(text)
+        )
 
     def __repr__(self) -> str:
         return "RegexTokenCounter()"

@@ -4,77 +4,113 @@ Examples::
 
     python -m optima_trainers.train --task ie/synth-v0 --trainer isft --iterations 2
     python -m optima_trainers.train --task hotpotqa --trainer idpo --profile paper --backend vllm
+    python -m optima_trainers.train --trainer isft --set reward.lambda_token=0.4 --set sft.lora=false
     python -m optima_trainers.train --resume --run-dir runs/ie_synth-v0__isft__0__20250101-120000
     accelerate launch --config_file configs/accelerate/multi_gpu.yaml -m optima_trainers.train ...
 
-Values come from the task preset (``--preset code|paper``) sized by ``--profile cpu|paper``
-(``auto``: ``paper`` with a GPU, else ``cpu``); every flag below overrides them, and ``--set
-FIELD=VALUE`` reaches any field of :class:`optima_trainers.config.TrainConfig`. ``--resume``
-continues a run from its folder with its stored configuration (only ``--iterations`` may change).
+``--trainer`` takes any trainer registered through the ``optima`` entry points (``--help`` lists
+the installed ones and their own options). Values come from the task's presets (``--preset
+code|paper``) sized by ``--profile cpu|paper`` (``auto``: ``paper`` with a GPU, else ``cpu``);
+every flag below overrides them, and ``--set NAME=VALUE`` reaches any field of the configuration
+tree by its dotted name, parsed into the field's type (a bad name or value is refused before
+anything runs). ``--resume`` continues a run from its folder with its stored configuration (only
+``--iterations`` may change). Expected errors print one line and exit with status 2 (``--debug``
+shows the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
 import sys
 from typing import Any
 
-from optima_env.errors import OptimaError, TaskContractError
+from optima_env.configtree import ConfigError, describe, field_docs, get, parse_sets
+from optima_env.errors import OptimaError
 
 __all__ = ["build_parser", "main", "resolve_from_args"]
 
 logger = logging.getLogger("optima_trainers")
 
-# flag -> TrainConfig field (flags whose value is given as is)
-_FIELD_FLAGS: dict[str, tuple[str, type, str]] = {
-    "--model": ("model", str, "starting model: embedded, a Hugging Face name or a local folder"),
+# flag -> (dotted names it sets, type, help)
+_FIELD_FLAGS: dict[str, tuple[tuple[str, ...], type, str]] = {
+    "--model": (("model",), str, "starting model: embedded, a Hugging Face name or a local folder"),
     "--iterations": (
-        "iterations",
+        ("iterations",),
         int,
         "isft: iterations incl. init; idpo: DPO iterations; isft-dpo: cycles",
     ),
-    "--seed": ("seed", int, "seed of episodes, sampling and training"),
-    "--backend": ("backend", str, "generation backend: hf or vllm"),
-    "--instances": ("instances", int, "training instances per SFT iteration"),
-    "--samples": ("num_samples", int, "conversations sampled per instance (N)"),
-    "--max-turns": ("max_turns", int, "turns per conversation (and MCTS depth)"),
-    "--max-new-tokens": ("max_new_tokens", int, "generation cap of one turn"),
-    "--concurrency": ("concurrency", int, "conversations generated together (batch size)"),
-    "--lr": ("sft_lr", float, "SFT learning rate"),
-    "--epochs": ("sft_epochs", float, "SFT epochs per iteration"),
-    "--batch-size": ("sft_batch_size", int, "effective SFT batch size"),
-    "--max-steps": ("max_steps", int, "cap on optimizer steps per training stage"),
-    "--theta-sft": ("theta_sft", float, "θ_sft: minimum total reward of a selected trajectory"),
+    "--seed": (("seed",), int, "seed of episodes, sampling and training"),
+    "--backend": (("generation.backend",), str, "generation backend: hf, vllm or ct2"),
+    "--instances": (("generation.instances",), int, "training instances per sampled stage"),
+    "--samples": (("generation.num_samples",), int, "conversations sampled per instance (N)"),
+    "--max-turns": (("generation.max_turns",), int, "turns per conversation (and tree depth)"),
+    "--max-new-tokens": (("generation.max_new_tokens",), int, "generation cap of one turn"),
+    "--concurrency": (("generation.concurrency",), int, "conversations generated together (batch size)"),
+    "--lambda-token": (("reward.lambda_token", "tree.reward.lambda_token"), float, "λ_token of both rewards"),
+    "--lambda-loss": (("reward.lambda_loss", "tree.reward.lambda_loss"), float, "λ_loss of both rewards"),
+    "--reward-preset": (("reward_preset",), str, "reward special cases: code (reference) or paper (Eq. 1)"),
+    "--lr": (("sft.learning_rate",), float, "SFT learning rate"),
+    "--epochs": (("sft.epochs",), float, "SFT epochs per stage"),
+    "--batch-size": (("sft.batch_size",), int, "effective SFT batch size"),
+    "--max-steps": (("sft.max_steps", "dpo.max_steps"), int, "cap on optimizer steps per training stage"),
+    "--theta-sft": (("selection.theta",), float, "θ_sft: minimum total reward of a selected trajectory"),
     "--min-task-score": (
-        "min_task_score",
+        ("selection.min_task_score",),
         float,
         "select only among trajectories with at least this task score (not in the paper)",
     ),
-    "--selection-order": ("selection_order", str, "code (top 70%% then θ) or paper (θ then 70%%)"),
-    "--report-to": ("report_to", str, "none, tensorboard or wandb"),
-    "--normalizer-instances": ("normalizer_instances", int, "instances setting the MCTS token normalizer"),
-    "--mcts-instances": ("mcts_instances", int, "MCTS trees (instances) per DPO iteration"),
+    "--selection-order": (("selection.order",), str, "code (top 70%% then θ) or paper (θ then 70%%)"),
+    "--report-to": (("report_to",), str, "none, tensorboard or wandb"),
+    "--normalizer-instances": (
+        ("tree.normalizer_instances",),
+        int,
+        "instances setting the tree token normalizer",
+    ),
+    "--mcts-instances": (("tree.instances",), int, "MCTS trees (instances) per tree stage"),
     "--readability-model": (
-        "readability_model",
+        ("readability_model",),
         str,
         "frozen model of the readability term (default: --model)",
     ),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (``--help`` lists every option)."""
+def _trainer_help(pm: Any) -> str:
+    from optima_env.registry import trainer_specs
+    from optima_trainers.config import TrainConfig, option_names
+
+    lines = ["installed trainers (--trainer NAME):"]
+    try:
+        specs = trainer_specs(pm)
+    except OptimaError as exc:  # a broken plugin must not hide --help
+        return f"installed trainers: cannot list them ({exc})"
+    for name, spec in specs.items():
+        lines.append(f"  {name:10s} {spec.description}")
+        cls = spec.config_class
+        if cls is not None:
+            docs = field_docs(cls)
+            for dotted in option_names(spec):
+                leaf = dotted.split(".")[-1]
+                lines.append(f"      --set {dotted}=...  {docs.get(leaf, '')}")
+    lines += ["", "configuration fields (--set NAME=VALUE; type, default: doc):"]
+    example = TrainConfig(task="TASK", trainer="TRAINER")
+    lines += [f"  {line}" for line in describe(TrainConfig, example) if not line.startswith("options ")]
+    return "\n".join(lines)
+
+
+def build_parser(pm: Any = None) -> argparse.ArgumentParser:
+    """The argument parser; with a plugin manager, ``--help`` lists the installed trainers."""
     parser = argparse.ArgumentParser(
         prog="python -m optima_trainers.train",
         description=__doc__,
+        epilog=_trainer_help(pm) if pm is not None else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--task", default=None, help="task id or unique name (default: ie/synth-v0)")
-    parser.add_argument("--trainer", default=None, help="isft (default), idpo or isft-dpo")
+    parser.add_argument("--trainer", default=None, help="a registered trainer (default: isft; see below)")
     parser.add_argument("--preset", choices=("code", "paper"), default="code", help="hyperparameter table")
     parser.add_argument("--profile", choices=("auto", "cpu", "paper"), default="auto", help="run sizes")
     for flag, (_, kind, text) in _FIELD_FLAGS.items():
@@ -84,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--set",
         action="append",
         default=[],
-        metavar="FIELD=VALUE",
-        help="override any TrainConfig field (JSON value)",
+        metavar="NAME=VALUE",
+        help="set any configuration field by its dotted name (typed; see the list below)",
     )
     parser.add_argument(
         "--run-dir", default=None, help="run folder (default: runs/<task>__<trainer>__<seed>__<time>)"
@@ -93,27 +129,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs-root", default="runs", help="parent of new run folders (default: runs)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --run-dir (or the latest)")
     parser.add_argument("--data-dir", default=None, help="benchmark data folder (sets OPTIMA_DATA_DIR)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="CPU threads of torch (1 when sharing a CPU)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     return parser
 
 
 def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for flag, (field, _, _) in _FIELD_FLAGS.items():
+    for flag, (names, _, _) in _FIELD_FLAGS.items():
         value = getattr(ns, flag.lstrip("-").replace("-", "_"))
         if value is not None:
-            out[field] = value
+            out.update(dict.fromkeys(names, value))
     if ns.full_finetune:
-        out["lora"] = False
-    for item in ns.set:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise TaskContractError(f"--set expects FIELD=VALUE, got {item!r}")
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
+        out.update({"sft.lora": False, "dpo.lora": False})
+    out.update(parse_sets(ns.set))
     return out
 
 
@@ -130,83 +163,101 @@ def _profile(name: str) -> str:
 
 def resolve_from_args(ns: argparse.Namespace, pm: Any) -> tuple[Any, Any]:
     """``(config, run_dir)`` from parsed arguments: a new run, or the stored one with ``--resume``."""
-    from optima_env.registry import resolve_task_id, task_specs
+    from optima_env.registry import resolve_task_id, task_specs, trainer_specs
     from optima_trainers.config import resolve_config
     from optima_trainers.runs import RunDir
 
     overrides = _overrides(ns)
     task = resolve_task_id(ns.task or "ie/synth-v0", pm)
     trainer = ns.trainer or "isft"
+    specs = trainer_specs(pm)
+    if trainer not in specs:
+        raise ConfigError(f"no trainer {trainer!r}; installed: {', '.join(specs)} (see --help)")
     if ns.resume:
         root = ns.run_dir or RunDir.latest(ns.runs_root, f"{task.replace('/', '_')}__{trainer}__")
         if root is None:
-            raise TaskContractError(
+            raise ConfigError(
                 f"--resume found no run of {task} / {trainer} under {ns.runs_root}; give --run-dir"
             )
         run, stored = RunDir.open(root)
-        if ns.task is not None:
-            overrides["task"] = task
-        if ns.trainer is not None:
-            overrides["trainer"] = trainer
+        if (ns.task is not None and stored.task != task) or (
+            ns.trainer is not None and stored.trainer != trainer
+        ):
+            raise ConfigError(
+                f"--resume: {root} holds a run of {stored.task} / {stored.trainer}, not {task} / {trainer}"
+            )
+        iterations = overrides.pop("iterations", None)
+        updated = stored.replace(**overrides) if overrides else stored
         conflicts = {
-            k: (getattr(stored, k), v)
-            for k, v in overrides.items()
-            if k != "iterations" and getattr(stored, k, v) != v
+            k: (get(stored, k), get(updated, k)) for k in overrides if get(stored, k) != get(updated, k)
         }
         if conflicts:
-            raise TaskContractError(
-                f"--resume keeps the run's stored config; these flags differ from it: {conflicts} "
+            raise ConfigError(
+                f"--resume keeps the run's stored config; these settings differ from it: {conflicts} "
                 "(stored, given); drop them (only --iterations may change on resume)"
             )
-        if "iterations" in overrides:
-            stored = dataclasses.replace(stored, iterations=overrides["iterations"])
+        if iterations is not None:
+            stored = stored.replace(iterations=iterations)
         return stored, run
+    spec = task_specs(pm)[task]
     config = resolve_config(
-        task,
-        trainer,
-        preset=ns.preset,
-        profile=_profile(ns.profile),
-        family=task_specs(pm)[task].family,
-        **overrides,
+        spec, specs[trainer], preset=ns.preset, profile=_profile(ns.profile), overrides=overrides
     )
     if ns.print_config:
         return config, None
     return config, RunDir.create(config, run_dir=ns.run_dir, base=ns.runs_root)
 
 
+def _set_threads(threads: int | None) -> None:
+    if threads is None:
+        return
+    if threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}")
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    try:
+        import torch
+    except ImportError:  # no torch: only the env variables matter (e.g. a remote backend)
+        return
+    torch.set_num_threads(threads)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 2 on a usage or data error)."""
-    ns = build_parser().parse_args(argv)
+    """Entry point; returns the exit status (0 ok, 2 on a usage, configuration or data error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if ns.data_dir:
-        os.environ["OPTIMA_DATA_DIR"] = ns.data_dir
-    from optima_env.registry import get_plugin_manager, trainer_specs
+    from optima_env.registry import get_plugin_manager
+    from optima_trainers.loop import IterativeTrainer
 
     try:
         pm = get_plugin_manager()
-        specs = trainer_specs(pm)
-        if (ns.trainer or "isft") not in specs:
-            raise TaskContractError(f"no trainer {ns.trainer!r}; registered: {', '.join(specs)}")
+        wants_help = any(a in ("-h", "--help") for a in argv)
+        ns = build_parser(pm if wants_help else None).parse_args(argv)
+        if ns.data_dir:
+            os.environ["OPTIMA_DATA_DIR"] = ns.data_dir
+        _set_threads(ns.threads)
         config, run = resolve_from_args(ns, pm)
         if ns.print_config:
             print(json.dumps(config.to_dict(), indent=2))
             return 0
         logger.info("run folder: %s", run.root)
-        trainer = specs[config.trainer].factory(config, run_dir=run, pm=pm, progress=not ns.no_progress)
-        metrics = trainer.run()
+        metrics = IterativeTrainer(config, run_dir=run, pm=pm, progress=not ns.no_progress).run()
     except OptimaError as exc:
+        if debug:
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    keys = (
+        "reward/total",
+        "rollout/task_score",
+        "rollout/tokens",
+        "select/selected",
+        "mcts/pairs",
+        "train/loss",
+    )
     for record in metrics:
-        keys = (
-            "reward/total",
-            "rollout/task_score",
-            "rollout/tokens",
-            "select/selected",
-            "mcts/pairs",
-            "train/loss",
-        )
         shown = ", ".join(f"{k}={record[k]:.4g}" for k in keys if k in record)
         print(f"{record['stage']}: {shown}")
     print(f"run folder: {run.root}")

@@ -49,14 +49,19 @@ class DPOTrainConfig:
     rpo_alpha: float | None = 1.0
     """Weight of the NLL term (RPO): 1.0 for iDPO; ``None`` for plain DPO (iSFT-DPO)."""
     learning_rate: float = 5e-7
+    """Peak learning rate (reference: 5e-7, full fine-tuning)."""
     epochs: float = 1.0
+    """Epochs per stage."""
     batch_size: int = 64
     """Effective batch in pairs (per-device batch × gradient accumulation × devices)."""
     per_device_batch_size: int = 1
+    """Pairs per device per forward pass (capped at ``batch_size``)."""
     max_length: int = 4096
     """Longest prompt + completion in tokens; a pair whose prompt alone fills it is dropped (logged)."""
     lr_scheduler: str = "cosine"
+    """Learning-rate schedule (transformers' names)."""
     warmup_ratio: float = 0.1
+    """Linear warm-up fraction."""
     train_fraction: float = 0.9
     """The first 90% of the pairs train, the rest evaluate (not shuffled, spec §6.4)."""
     evaluate: bool = False
@@ -64,11 +69,17 @@ class DPOTrainConfig:
     lora: bool = True
     """Train a LoRA adapter (merged into the weights when saved); False: full fine-tuning."""
     lora_r: int = 16
+    """LoRA rank."""
     lora_alpha: int = 32
+    """LoRA alpha."""
     lora_dropout: float = 0.0
+    """LoRA dropout."""
     lora_target_modules: str | tuple[str, ...] = "all-linear"
-    seed: int = 42
+    """Modules that get adapters (``all-linear``: every linear layer of the blocks)."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (``None``: run the epochs)."""
     logging_steps: int = 1
+    """Log every this many steps."""
     extra_args: dict[str, Any] = field(default_factory=dict)
     """Further ``DPOConfig`` fields (e.g. ``{"max_grad_norm": 1.0}``)."""
 
@@ -80,7 +91,9 @@ class DPOTrainConfig:
         for name in ("batch_size", "per_device_batch_size", "max_length", "lora_r", "logging_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise TaskContractError(f"{name} must be an int >= 1, got {value!r}")
+                raise TaskContractError(f"dpo.{name} must be an int >= 1, got {value!r}")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
+            raise TaskContractError(f"dpo.max_steps must be None or an int >= 1, got {self.max_steps!r}")
         if not 0 <= self.warmup_ratio < 1:
             raise TaskContractError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio!r}")
         if not self.learning_rate > 0 or not self.epochs > 0:
@@ -99,12 +112,17 @@ class DPOTrainConfig:
 
 
 def dpo_args(
-    config: DPOTrainConfig, *, output_dir: str | os.PathLike[str], report_to: str | list[str] = "none"
+    config: DPOTrainConfig,
+    *,
+    output_dir: str | os.PathLike[str],
+    report_to: str | list[str] = "none",
+    seed: int = 0,
 ):
     """The TRL ``DPOConfig`` of a stage (fp32, no gradient checkpointing, CPU when there is no GPU)."""
     torch = require("torch", "train")
     trl = require("trl", "train")
-    accumulation = max(1, math.ceil(config.batch_size / config.per_device_batch_size))
+    per_device = min(config.per_device_batch_size, config.batch_size)
+    accumulation = max(1, math.ceil(config.batch_size / per_device))
     if config.rpo_alpha is None:
         losses: dict[str, Any] = {"loss_type": ["sigmoid"]}
     else:
@@ -115,8 +133,8 @@ def dpo_args(
         **losses,
         learning_rate=config.learning_rate,
         num_train_epochs=config.epochs,
-        per_device_train_batch_size=config.per_device_batch_size,
-        per_device_eval_batch_size=config.per_device_batch_size,
+        per_device_train_batch_size=per_device,
+        per_device_eval_batch_size=per_device,
         gradient_accumulation_steps=accumulation,
         lr_scheduler_type=config.lr_scheduler,
         warmup_steps=config.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of the steps
@@ -129,7 +147,9 @@ def dpo_args(
         save_strategy="no",
         logging_steps=config.logging_steps,
         dataloader_num_workers=0,
-        seed=config.seed,
+        seed=seed,
+        data_seed=seed,
+        max_steps=config.max_steps if config.max_steps is not None else -1,
         **config.extra_args,
     )
 
@@ -148,6 +168,7 @@ def train_dpo(
     ref_model_path: str | None = None,
     report_to: str | list[str] = "none",
     trainer_dir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
 ) -> TrainResult:
     """Train one DPO/RPO stage from ``model_path`` on ``pairs`` and save the merged model.
 
@@ -160,6 +181,7 @@ def train_dpo(
         ref_model_path: a different reference model (full fine-tuning only; default: the start).
         report_to: ``none``, ``tensorboard``, ``wandb``, ...
         trainer_dir: TRL's working folder (logs); default ``<output_dir>.trainer`` beside it.
+        seed: the run's seed (LoRA init, data order).
 
     Returns:
         The :class:`~optima_trainers.checkpoint.TrainResult`; ``metrics`` holds ``wall_time_s``,
@@ -227,7 +249,7 @@ def train_dpo(
     trainer = trl.DPOTrainer(
         model=model,
         ref_model=ref_model,
-        args=dpo_args(config, output_dir=trainer_dir, report_to=report_to),
+        args=dpo_args(config, output_dir=trainer_dir, report_to=report_to, seed=seed),
         train_dataset=datasets.Dataset.from_list(train_rows),
         eval_dataset=datasets.Dataset.from_list(eval_rows) if config.evaluate and eval_rows else None,
         processing_class=tokenizer,

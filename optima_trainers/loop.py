@@ -1,58 +1,51 @@
-"""The iterative loop: generate → reward → select → train → next model (spec §4-§7).
+"""The host loop: generate → score → select → deliver to the backend → train → next model.
 
-A run is a list of stages (:func:`plan_stages`):
+:class:`IterativeTrainer` runs any registered trainer backend (:mod:`optima_trainers.backends`)
+the same way. It registers the backend on the run's plugin manager, asks it for the stages
+(``optima_trainer_stages``), and for each stage not finished yet:
 
-* ``isft``: SFT stages ``iter_00`` (initialization, spec §4) to ``iter_{K-1}``;
-* ``idpo``: the iSFT initialization ``iter_00``, then DPO stages ``iter_01`` .. ``iter_K``;
-* ``isft-dpo``: per cycle an SFT stage ``iter_XX_sft`` then a plain-DPO stage ``iter_XX_dpo``.
-
-SFT stage: sample N conversations on each of the next ``instances`` training instances with the
-current model (the cursor continues across stages and wraps), add the frozen base model's
-readability, score each instance's group (per-instance max normalizer), select through the
-``optima_select_training_data`` hook (built-in: :func:`optima_trainers.selection.select_isft`),
-train from the base model (initialization; debate tasks every time, spec §5 item 8) or from the
-current model. The initialization samples with the format-diverse pool (when the task has one)
-at ``init_temperature``; training examples always use the base prompts.
-
-DPO stage: one conversation on each of the next ``normalizer_instances`` instances sets the token
-normalizer (percentile + 1, spec §6.3), then one MCTS tree per next ``mcts_instances`` instance,
-its pairs, the top half per tree, and DPO (RPO α=1 for iDPO, plain for iSFT-DPO) from the current
-model, which is also the reference.
+* generates with the current model: ``samples`` stages play N conversations on each of the next
+  ``generation.instances`` training instances (the cursor continues across stages and wraps; the
+  initialization uses the format-diverse pool at ``generation.init_temperature``); ``tree``
+  stages set the token normalizer and grow the MCTS trees (:mod:`optima_trainers.tree_stage`);
+* scores in one place with the run's rewards: ``config.reward`` per instance group (per-instance
+  max normalizer, spec §3) with the frozen base model's readability, or ``config.tree.reward``
+  with the tree normalizer; fires ``optima_episode_scored`` for every scored episode;
+* selects (samples stages) through ``optima_select_training_data`` (built in:
+  :func:`optima_trainers.selection.select_isft`);
+* delivers the stage's data, read back from the stage folder, through ``optima_generation_end``
+  and asks the backend to train (``optima_train_stage``), from the base model or the previous one
+  as the stage says.
 
 Every phase's output is on disk before the next starts (:mod:`optima_trainers.runs`), so a killed
-run resumes where it stopped with the same data as an uninterrupted one.
+run resumes where it stopped with the same data as an uninterrupted one. Under ``accelerate
+launch`` with several processes, the main process generates, scores and selects; the others wait
+for each stage's data on disk, then every process receives it through the same hook and trains.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import time
-import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pluggy
 
-from optima_env.errors import PluginError, require
+from optima_env.configtree import ConfigError
+from optima_env.errors import PluginError
 from optima_env.io import read_episodes, write_episodes, write_json_atomic
 from optima_env.models import resolve_model_path
 from optima_env.policy import SamplingParams, speaker_stops
-from optima_env.registry import get_plugin_manager, make_task
-from optima_env.reward import RewardConfig
+from optima_env.registry import get_plugin_manager, make_task, readability_specs, trainer_specs
 from optima_env.rollout import make_jobs
 from optima_env.types import Episode
-from optima_trainers.checkpoint import (
-    TrainResult,
-    discard_partial,
-    is_complete,
-    require_complete,
-    train_metrics,
-)
-from optima_trainers.config import TrainConfig
+from optima_trainers.checkpoint import discard_partial, is_complete, require_complete, train_metrics
+from optima_trainers.config import TrainConfig, check_options
 from optima_trainers.faults import fault_point
 from optima_trainers.generation import (
     episode_summary,
@@ -62,50 +55,12 @@ from optima_trainers.generation import (
     with_readability,
 )
 from optima_trainers.runs import RunDir, read_stage_result
-from optima_trainers.selection import SelectionConfig
+from optima_trainers.stages import Stage, StageData, StageOutcome, stage_seed
+from optima_trainers.tree_stage import generate_tree_stage, read_tree_stage
 
-__all__ = ["IterativeTrainer", "Stage", "plan_stages", "stage_seed"]
+__all__ = ["IterativeTrainer", "plan_stages"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Stage:
-    """One training stage of a run."""
-
-    name: str
-    """Folder name (``iter_00``, ``iter_01_dpo``, ...)."""
-    kind: str
-    """``sft`` or ``dpo``."""
-    number: int
-    """Position in the run (the ``iteration`` of the hooks)."""
-    init: bool = False
-    """The initialization stage (format-diverse pool, base model start)."""
-
-
-def plan_stages(config: TrainConfig) -> list[Stage]:
-    """The stages of a run (see the module docstring)."""
-    k = config.iterations
-    if config.trainer == "isft":
-        return [Stage(name=f"iter_{i:02d}", kind="sft", number=i, init=i == 0) for i in range(k)]
-    if config.trainer == "idpo":
-        return [Stage(name="iter_00", kind="sft", number=0, init=True)] + [
-            Stage(name=f"iter_{i:02d}", kind="dpo", number=i) for i in range(1, k + 1)
-        ]
-    stages = []
-    for c in range(k):
-        stages.append(Stage(name=f"iter_{c:02d}_sft", kind="sft", number=2 * c, init=c == 0))
-        stages.append(Stage(name=f"iter_{c:02d}_dpo", kind="dpo", number=2 * c + 1))
-    return stages
-
-
-def stage_seed(seed: int, stage: str) -> int:
-    """The seed of one stage's jobs and sampling (31 bits).
-
-    >>> stage_seed(0, "iter_00") == stage_seed(0, "iter_00") != stage_seed(0, "iter_01")
-    True
-    """
-    return zlib.crc32(f"optima-stage/{seed}/{stage}".encode()) & 0x7FFFFFFF
 
 
 def _builtin_plugin(pm: pluggy.PluginManager) -> None:
@@ -115,16 +70,45 @@ def _builtin_plugin(pm: pluggy.PluginManager) -> None:
         pm.register(plugin, name="optima_trainers")
 
 
+def _backend(config: TrainConfig, pm: pluggy.PluginManager) -> tuple[Any, Any]:
+    specs = trainer_specs(pm)
+    if config.trainer not in specs:
+        raise ConfigError(
+            f"no trainer {config.trainer!r}; registered: {', '.join(specs)} (a third-party trainer is "
+            "found through the 'optima' entry points: is its package installed?)"
+        )
+    spec = specs[config.trainer]
+    check_options(config, spec)
+    return spec, spec.factory(config)
+
+
+def plan_stages(config: TrainConfig, pm: pluggy.PluginManager | None = None) -> list[Stage]:
+    """The stages the run's backend declares for ``config``."""
+    pm = pm or get_plugin_manager()
+    _builtin_plugin(pm)
+    _, backend = _backend(config, pm)
+    return backend.stages(config)
+
+
 class IterativeTrainer:
-    """Runs (or resumes) the stages of one training run.
+    """Runs (or resumes) the stages of one training run with its trainer backend.
 
     Args:
-        config: the run configuration.
+        config: the run configuration (:func:`optima_trainers.config.resolve_config`).
         run_dir: the run folder (:meth:`RunDir.create` or :meth:`RunDir.open`).
         pm: plugin manager whose hooks are fired (default: a fresh one with entry points); the
-            built-in selection plugin is registered on it if missing.
+            built-in plugin (trainers, selection) is registered on it if missing.
         progress: show tqdm progress bars.
     """
+
+    config: TrainConfig
+    """The run configuration."""
+    run_dir: RunDir
+    """The run folder."""
+    pm: pluggy.PluginManager
+    """The plugin manager the hooks are fired on (the backend is registered on it for the run)."""
+    backend: Any
+    """The trainer backend (a plugin object built by its ``TrainerSpec.factory``)."""
 
     def __init__(
         self,
@@ -138,6 +122,7 @@ class IterativeTrainer:
         self.run_dir = run_dir
         self.pm = pm or get_plugin_manager()
         _builtin_plugin(self.pm)
+        self.spec, self.backend = _backend(config, self.pm)
         self.progress = progress
         self.task = make_task(config.task, pm=self.pm, **dict(config.task_kwargs))
         self.num_train = len(self.task.samples(config.split))
@@ -145,56 +130,108 @@ class IterativeTrainer:
         self._scorer: Any = None
 
     # -- driver ---------------------------------------------------------------------------------
-    def run(self) -> list[dict[str, Any]]:
-        """Run every stage not finished yet; returns the metrics of every stage.
+    @contextlib.contextmanager
+    def _registered(self) -> Iterator[None]:
+        name = f"optima-trainer-backend:{self.config.trainer}"
+        self.pm.register(self.backend, name=name)
+        try:
+            yield
+        finally:
+            self.pm.unregister(self.backend)
 
-        Under ``accelerate launch`` with several processes, the main process generates, scores
-        and selects; the others wait for each stage's training data on disk, then all of them
-        train together (:meth:`_follow`).
-        """
-        if _rank() != 0:
-            return self._follow()
-        with self.run_dir.lock():
-            self.pm.hook.optima_configure.call_historic(kwargs={"config": self.config.to_dict()})
-            model, cursor = self.base_model, 0
-            for stage in plan_stages(self.config):
-                done = self.run_dir.root / stage.name / "result.json"
-                if done.is_file():
-                    record = read_stage_result(done)
-                else:
-                    self.pm.hook.optima_iteration_start(iteration=stage.number, config=self.config.to_dict())
-                    self._verify_model(model)
-                    runner = self._sft_stage if stage.kind == "sft" else self._dpo_stage
-                    record = runner(stage, model, cursor)
-                    record = {**record, "model": self.run_dir.portable(record["model"])}
-                    write_json_atomic(done, record)
-                    self.run_dir.save_state(stage=stage.name, phase="done", model=record["model"])
-                    self.pm.hook.optima_iteration_end(iteration=stage.number, metrics=record["metrics"])
-                self.run_dir.append_metrics({"stage": stage.name, "kind": stage.kind, **record["metrics"]})
-                model, cursor = self.run_dir.model_path(record["model"]), record["cursor_end"]
-            self.run_dir.save_state(status="finished", model=model)
+    def stages(self) -> list[Stage]:
+        """The run's stages, as the backend declares them (``optima_trainer_stages``)."""
+        with self._registered():
+            return self._stages()
+
+    def _stages(self) -> list[Stage]:
+        stages = self.pm.hook.optima_trainer_stages(config=self.config)
+        if not stages or not all(isinstance(s, Stage) for s in stages):
+            raise PluginError(
+                f"trainer {self.config.trainer!r}: optima_trainer_stages must return a non-empty list of "
+                f"optima_trainers.stages.Stage, got {stages!r}"
+            )
+        if len({s.name for s in stages}) != len(stages):
+            raise PluginError(f"trainer {self.config.trainer!r}: stage names must be unique")
+        return list(stages)
+
+    def run(self) -> list[dict[str, Any]]:
+        """Run every stage not finished yet; returns the metrics of every stage."""
+        with self._registered():
+            if _rank() != 0:
+                return self._follow()
+            with self.run_dir.lock():
+                self.pm.hook.optima_configure.call_historic(kwargs={"config": self.config.to_dict()})
+                model, cursor = self.base_model, 0
+                stages = self._stages()
+                for number, stage in enumerate(stages, start=1):
+                    done = self.run_dir.root / stage.name / "result.json"
+                    if done.is_file():
+                        record = read_stage_result(done)
+                    else:
+                        logger.info("stage %d/%d: %s (%s)", number, len(stages), stage.name, stage.kind)
+                        self.pm.hook.optima_iteration_start(
+                            iteration=stage.number, config=self.config.to_dict()
+                        )
+                        record = self._stage(stage, model, cursor)
+                        write_json_atomic(done, record)
+                        self.run_dir.save_state(stage=stage.name, phase="done", model=record["model"])
+                        self.pm.hook.optima_iteration_end(iteration=stage.number, metrics=record["metrics"])
+                    self.run_dir.append_metrics(
+                        {"stage": stage.name, "kind": stage.kind, **record["metrics"]}
+                    )
+                    model, cursor = self.run_dir.model_path(record["model"]), record["cursor_end"]
+                self.run_dir.save_state(status="finished", model=model)
         return self.run_dir.metrics()
 
-    def _follow(self) -> list[dict[str, Any]]:
-        """A non-main process: train each stage on the data the main process wrote."""
-        from optima_trainers.dpo_stage import train_dpo_stage
-        from optima_trainers.types import read_pairs
+    def _stage(self, stage: Stage, model: str, cursor: int) -> dict[str, Any]:
+        folder = self.run_dir.stage(stage.name)
+        self._verify_model(model)
+        cursor_end = self._generate(stage, model, cursor, folder)
+        data = self._deliver(stage, folder)
+        start = self.base_model if stage.start == "base" else model
+        started = time.perf_counter()
+        outcome = self._train(stage, start, folder)
+        self._phase(stage, "train", started)
+        metrics = {
+            "iteration": float(stage.number),
+            **data.metrics,
+            **outcome.metrics,
+            **train_metrics(outcome.result),
+            **{f"time/{k}_s": v for k, v in self.run_dir.timings(stage.name).items()},
+        }
+        checkpoint = outcome.result.checkpoint if outcome.result else model
+        return {"model": self.run_dir.portable(checkpoint), "cursor_end": cursor_end, "metrics": metrics}
 
+    def _follow(self) -> list[dict[str, Any]]:
+        """A non-main process: receive each stage's data from disk and train with the others."""
         model = self.base_model
-        for stage in plan_stages(self.config):
+        for stage in self._stages():
             folder = self.run_dir.root / stage.name
             done = folder / "result.json"
             if not done.is_file():
                 self._verify_model(model)
-                if stage.kind == "sft":
-                    selected = read_episodes(_wait_for(folder / "selected.jsonl", done))
-                    start = self.base_model if stage.init or self.config.restart_from_base else model
-                    self._train_sft(folder, start, selected)
-                else:
-                    train_dpo_stage(self, folder, model, read_pairs(_wait_for(folder / "pairs.jsonl", done)))
+                wanted = folder / ("selected.jsonl" if stage.generate == "samples" else "pairs.jsonl")
+                _wait_for(wanted, done)
+                if not done.is_file():
+                    self._deliver(stage, folder)
+                    self._train(stage, self.base_model if stage.start == "base" else model, folder)
                 _wait_for(done)
             model = self.run_dir.model_path(read_stage_result(done)["model"])
         return self.run_dir.metrics()
+
+    def _train(self, stage: Stage, start_model: str, folder: Path) -> StageOutcome:
+        checkpoint = folder / "checkpoint"
+        if is_complete(checkpoint):
+            return StageOutcome(result=require_complete(checkpoint))
+        discard_partial(checkpoint)
+        outcome = self.pm.hook.optima_train_stage(stage=stage, start_model=start_model, output_dir=checkpoint)
+        if not isinstance(outcome, StageOutcome):
+            raise PluginError(
+                f"trainer {self.config.trainer!r}: optima_train_stage must return an "
+                f"optima_trainers.stages.StageOutcome, got {outcome!r}"
+            )
+        return outcome
 
     def _verify_model(self, model: str) -> None:
         """Verify a checkpoint before a stage loads it: one of this run's (it must be complete),
@@ -204,23 +241,24 @@ class IterativeTrainer:
         if is_complete(path) or (path.is_absolute() and path.is_relative_to(self.run_dir.root)):
             require_complete(path)
 
+    # -- generation -----------------------------------------------------------------------------
     def _indices(self, start: int, count: int) -> list[int]:
         return [(start + j) % self.num_train for j in range(count)]
 
     def _env_kwargs(self, policy: Any, *, diverse: bool = False) -> dict[str, Any]:
         return dict(
             split=self.config.split,
-            max_turns=self.config.max_turns,
+            max_turns=self.config.generation.max_turns,
             tokenizer=getattr(policy, "tokenizer", None),
             diverse_formats=diverse,
-            message_format=self.config.message_format,
+            message_format=self.config.generation.message_format,
+            scoring=False,  # the run scores with its own reward (groups, readability) below
             pm=self.pm,
         )
 
     def _policy(self, model: str) -> Any:
-        return load_policy(
-            model, backend=self.config.backend, concurrency=self.config.concurrency, dtype=self.config.dtype
-        )
+        gen = self.config.generation
+        return load_policy(model, backend=gen.backend, concurrency=gen.concurrency, dtype=self.config.dtype)
 
     @staticmethod
     def _release(policy: Any) -> None:
@@ -233,104 +271,99 @@ class IterativeTrainer:
     @property
     def stops(self) -> tuple[str, ...]:
         """Stop strings of every generated turn (the agents' tags when ``stop_at_speaker_tags``)."""
-        return speaker_stops(self.task.agents) if self.config.stop_at_speaker_tags else ()
+        return speaker_stops(self.task.agents) if self.config.generation.stop_at_speaker_tags else ()
 
     @property
     def scorer(self) -> Any:
-        """The frozen base model's per-turn LM loss (loaded once, kept for the whole run)."""
+        """The frozen base model's per-turn LM loss (the registered ``readability_scorer``; loaded
+        once, kept for the whole run)."""
         if self._scorer is None:
-            from optima_env.readability import TransformersLMLoss
-
-            self._scorer = TransformersLMLoss.from_pretrained(
-                self.config.readability_model or self.config.model, dtype=self.config.dtype
-            )
+            specs = readability_specs(self.pm)
+            name = self.config.readability_scorer
+            if name not in specs:
+                raise ConfigError(
+                    f"no readability scorer {name!r}; registered: {', '.join(specs) or '(none)'}"
+                )
+            model = self.config.readability_model or self.config.model
+            self._scorer = specs[name].factory(model, dtype=self.config.dtype)
         return self._scorer
-
-    def _reward_config(self, *, lambda_token: float, lambda_loss: float, impersonation: str) -> RewardConfig:
-        extra = {"impersonation": impersonation} if self.config.reward_preset == "code" else {}
-        return RewardConfig.preset(
-            self.config.reward_preset, lambda_token=lambda_token, lambda_loss=lambda_loss, **extra
-        )
 
     def _phase(self, stage: Stage, phase: str, started: float, **extra: Any) -> None:
         self.run_dir.record_phase(stage.name, phase, time.perf_counter() - started, **extra)
         fault_point("phase")
 
-    # -- SFT stage --------------------------------------------------------------------------------
-    def _sft_stage(self, stage: Stage, model: str, cursor: int) -> dict[str, Any]:
-        cfg, folder = self.config, self.run_dir.stage(stage.name)
+    def _scored(self, stage: Stage) -> Any:
+        return lambda episode: self.pm.hook.optima_episode_scored(episode=episode, stage=stage)
+
+    def _generate(self, stage: Stage, model: str, cursor: int, folder: Path) -> int:
+        """Generate (or resume) the stage's data into ``folder``; returns the cursor after it."""
+        cfg = self.config
         seed = stage_seed(cfg.seed, stage.name)
-        indices = self._indices(cursor, cfg.instances)
+        if stage.generate == "tree":
+            tree_start = cursor + cfg.tree.normalizer_instances
+            if not (folder / "pairs.jsonl").is_file():
+                policy = self._policy(model)
+                generate_tree_stage(
+                    task=self.task,
+                    policy=policy,
+                    config=cfg,
+                    folder=folder,
+                    seed=seed,
+                    normalizer_indices=self._indices(cursor, cfg.tree.normalizer_instances),
+                    tree_positions=list(range(tree_start, tree_start + cfg.tree.instances)),
+                    num_train=self.num_train,
+                    readability=self.scorer,
+                    env_kwargs=self._env_kwargs(policy),
+                    stops=self.stops,
+                    on_scored=self._scored(stage),
+                    on_phase=lambda phase, started, extra: self._phase(stage, phase, started, **extra),
+                    progress=self.progress,
+                )
+                self._release(policy)
+            return tree_start + cfg.tree.instances
         scored_path, selected_path = folder / "scored.jsonl", folder / "selected.jsonl"
         if not scored_path.is_file():
             started = time.perf_counter()
             policy = self._policy(model)
-            diverse = stage.init and cfg.diverse_init and self.task.num_formats > 0
+            diverse = stage.init and cfg.generation.diverse_init and self.task.num_formats > 0
+            gen = cfg.generation
             episodes = resumable_rollout(
                 self.task,
                 policy,
-                jobs=make_jobs(indices, cfg.num_samples, seed),
+                jobs=make_jobs(self._indices(cursor, gen.instances), gen.num_samples, seed),
                 path=folder / "episodes.jsonl",
                 sampling=SamplingParams(
-                    temperature=cfg.init_temperature if stage.init else cfg.temperature,
-                    top_p=cfg.top_p,
-                    max_new_tokens=cfg.max_new_tokens,
+                    temperature=gen.init_temperature if stage.init else gen.temperature,
+                    top_p=gen.top_p,
+                    max_new_tokens=gen.max_new_tokens,
                     seed=seed,
                     stop=self.stops,
                 ),
                 env_kwargs=self._env_kwargs(policy, diverse=diverse),
-                concurrency=cfg.concurrency,
+                concurrency=gen.concurrency,
                 progress=self.progress,
             )
             self._release(policy)
             self._phase(stage, "generate", started, cursor=cursor)
             started = time.perf_counter()
-            reward = self._reward_config(
-                lambda_token=cfg.sft_lambda_token, lambda_loss=cfg.sft_lambda_loss, impersonation="sft"
-            )
-            scored = score_episodes(with_readability(episodes, self.scorer), config=reward)
+            scored = score_episodes(with_readability(episodes, self.scorer), config=cfg.reward)
             write_episodes(scored_path, scored)
+            on_scored = self._scored(stage)
+            for episode in scored:
+                on_scored(episode)
             self._phase(stage, "score", started)
-        scored = read_episodes(scored_path)
         if not selected_path.is_file():
             started = time.perf_counter()
-            write_episodes(selected_path, self._select(stage, scored))
+            write_episodes(selected_path, self._select(stage, read_episodes(scored_path)))
             self._phase(stage, "select", started)
-        selected = read_episodes(selected_path)
-
-        start_model = self.base_model if stage.init or cfg.restart_from_base else model
-        started = time.perf_counter()
-        result, counts = self._train_sft(folder, start_model, selected)
-        self._phase(stage, "train", started)
-        metrics = {
-            **episode_summary(scored),
-            "select/instances": float(len({e.sample_id for e in scored})),
-            "select/selected": float(len(selected)),
-            "select/reward": _mean([e.reward.total for e in selected if e.reward is not None]),
-            "select/task_score": _mean([e.task_score for e in selected]),
-            "select/tokens": _mean([float(e.num_tokens) for e in selected]),
-            **{f"train/{k}": float(v) for k, v in counts.items()},
-            **train_metrics(result),
-            **{f"time/{k}_s": v for k, v in self.run_dir.timings(stage.name).items()},
-        }
-        return {
-            "model": result.checkpoint if result else model,
-            "cursor_end": cursor + cfg.instances,
-            "metrics": {"iteration": float(stage.number), **metrics},
-        }
+        return cursor + cfg.generation.instances
 
     def _select(self, stage: Stage, scored: Sequence[Episode]) -> list[Episode]:
         cfg = self.config
-        selection = SelectionConfig(
-            theta=cfg.theta_sft,
-            keep=tuple(cfg.keep),
-            order=cfg.selection_order,
-            min_task_score=cfg.min_task_score,
-        )
         chosen = self.pm.hook.optima_select_training_data(
             episodes=list(scored),
             trainer=cfg.trainer,
-            config={**selection.to_dict(), "stage": stage.name, "task": cfg.task},
+            config={**cfg.selection.to_dict(), "stage": stage.name, "task": cfg.task},
         )
         if chosen is None:
             raise PluginError(
@@ -341,60 +374,31 @@ class IterativeTrainer:
             raise PluginError("optima_select_training_data must return a list of Episode records")
         return list(chosen)
 
-    def _train_sft(
-        self, folder: Path, start_model: str, selected: Sequence[Episode]
-    ) -> tuple[TrainResult | None, dict[str, int]]:
-        from optima_trainers.sft import SFTTrainConfig, train_sft
-        from optima_trainers.sft_data import build_sft_examples
-
-        cfg, checkpoint = self.config, folder / "checkpoint"
-        transformers = require("transformers", "train")
-        tokenizer = transformers.AutoTokenizer.from_pretrained(start_model)
-        examples, counts = build_sft_examples(
-            selected,
-            tokenizer,
-            message_format=cfg.message_format,
-            max_length=cfg.sft_max_length,
-            seed=cfg.seed,
-        )
-        if is_complete(checkpoint):
-            return require_complete(checkpoint), counts
-        discard_partial(checkpoint)
-        if not examples:
-            logger.warning(
-                "%s: no training example was selected; the model carries over unchanged", folder.name
+    def _deliver(self, stage: Stage, folder: Path) -> StageData:
+        """Read the stage's data back from disk and fire ``optima_generation_end`` with it."""
+        if stage.generate == "tree":
+            episodes, pairs, metrics = read_tree_stage(folder, self.config)
+            data = StageData(
+                stage=stage, folder=folder, episodes=tuple(episodes), pairs=tuple(pairs), metrics=metrics
             )
-            return None, counts
-        held_out = int(cfg.eval_fraction * len(examples))
-        result = train_sft(
-            model_path=start_model,
-            examples=examples[held_out:],
-            eval_examples=examples[:held_out],
-            config=SFTTrainConfig(
-                learning_rate=cfg.sft_lr,
-                epochs=cfg.sft_epochs,
-                batch_size=cfg.sft_batch_size,
-                per_device_batch_size=cfg.per_device_batch_size,
-                max_length=cfg.sft_max_length,
-                max_steps=cfg.max_steps,
-                lora=cfg.lora,
-                lora_r=cfg.lora_r,
-                lora_alpha=cfg.lora_alpha,
-                warmup_ratio=cfg.warmup_ratio,
-                seed=cfg.seed,
-                report_to=cfg.report_to,
-                dtype=cfg.dtype,
-            ),
-            output_dir=checkpoint,
-            logging_dir=folder / "trainer",
-        )
-        return result, counts
-
-    # -- DPO stage --------------------------------------------------------------------------------
-    def _dpo_stage(self, stage: Stage, model: str, cursor: int) -> dict[str, Any]:
-        from optima_trainers.dpo_stage import run_dpo_stage
-
-        return run_dpo_stage(self, stage, model, cursor)
+        else:
+            scored, selected = (
+                read_episodes(folder / "scored.jsonl"),
+                read_episodes(folder / "selected.jsonl"),
+            )
+            metrics = {
+                **episode_summary(scored),
+                "select/instances": float(len({e.sample_id for e in scored})),
+                "select/selected": float(len(selected)),
+                "select/reward": _mean([e.reward.total for e in selected if e.reward is not None]),
+                "select/task_score": _mean([e.task_score for e in selected]),
+                "select/tokens": _mean([float(e.num_tokens) for e in selected]),
+            }
+            data = StageData(
+                stage=stage, folder=folder, episodes=tuple(scored), selected=tuple(selected), metrics=metrics
+            )
+        self.pm.hook.optima_generation_end(stage=stage, data=data)
+        return data
 
 
 def _rank() -> int:

@@ -1,10 +1,11 @@
 """The built-in trainers and data selection, registered through the same hooks a third party uses.
 
 Found through the ``optima`` entry-point group (``trainers = "optima_trainers.plugin"`` in
-pyproject.toml). ``optima_register_trainers`` returns one :class:`~optima_env.registry.TrainerSpec`
-per variant; each factory builds an :class:`~optima_trainers.loop.IterativeTrainer`.
-``optima_select_training_data`` is registered ``trylast``: any plugin returning a list first
-replaces the built-in iSFT selection, one returning ``None`` defers to it.
+pyproject.toml). ``optima_register_trainers`` returns one :class:`~optima_env.specs.TrainerSpec`
+per built-in backend (:mod:`optima_trainers.backends`), with the values each one needs
+(``defaults``) and its iteration count on the ``cpu`` profile. ``optima_select_training_data`` is
+registered ``trylast``: any plugin returning a list first replaces the built-in iSFT selection,
+one returning ``None`` defers to it.
 """
 
 from __future__ import annotations
@@ -12,37 +13,52 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from optima_env.errors import TaskContractError
 from optima_env.hookspecs import hookimpl
-from optima_env.registry import TrainerSpec
+from optima_env.specs import TrainerSpec
 from optima_env.types import Episode
 
-__all__ = ["make_factory", "optima_register_trainers", "optima_select_training_data"]
-
-_DESCRIPTIONS = {
-    "isft": "Iterative SFT: best of N per instance, top 70% above θ, SFT on own turns (spec §5).",
-    "idpo": "Iterative DPO: MCTS turn trees, best-vs-worst sibling pairs, RPO loss (spec §6).",
-    "isft-dpo": "Hybrid: per cycle one iSFT stage, then one plain-DPO stage (spec §7).",
-}
+__all__ = ["optima_register_trainers", "optima_select_training_data"]
 
 
-def make_factory(name: str):
-    """The factory of one built-in trainer: ``factory(config, *, run_dir, pm=None, progress=True)``."""
+def _factory(name: str) -> Any:
+    def factory(config: Any) -> Any:
+        from optima_trainers import backends
 
-    def factory(config: Any, **kwargs: Any) -> Any:
-        from optima_trainers.loop import IterativeTrainer
+        cls = {
+            "isft": backends.ISFTBackend,
+            "idpo": backends.IDPOBackend,
+            "isft-dpo": backends.ISFTDPOBackend,
+        }
+        return cls[name](config)
 
-        if config.trainer != name:
-            raise TaskContractError(f"the {name!r} trainer got a config for {config.trainer!r}")
-        return IterativeTrainer(config, **kwargs)
-
-    factory.__name__ = f"{name.replace('-', '_')}_factory"
+    factory.__name__ = f"{name.replace('-', '_')}_backend"
     return factory
 
 
 @hookimpl
 def optima_register_trainers() -> list[TrainerSpec]:
-    return [TrainerSpec(name=n, factory=make_factory(n), description=d) for n, d in _DESCRIPTIONS.items()]
+    return [
+        TrainerSpec(
+            name="isft",
+            factory=_factory("isft"),
+            description="Iterative SFT: best of N per instance, top 70% above θ, SFT on own turns (spec §5).",
+            profiles={"cpu": {"iterations": 2}},
+        ),
+        TrainerSpec(
+            name="idpo",
+            factory=_factory("idpo"),
+            description="Iterative DPO: MCTS turn trees, best-vs-worst sibling pairs, RPO loss (spec §6).",
+            defaults={"dpo.rpo_alpha": 1.0, "tree.normalizer_percentile": 85.0},
+            profiles={"cpu": {"iterations": 1}},
+        ),
+        TrainerSpec(
+            name="isft-dpo",
+            factory=_factory("isft-dpo"),
+            description="Hybrid: per cycle one iSFT stage, then one plain-DPO tree stage (spec §7).",
+            defaults={"dpo.rpo_alpha": None, "tree.normalizer_percentile": 80.0},
+            profiles={"cpu": {"iterations": 1}},
+        ),
+    ]
 
 
 @hookimpl(trylast=True)

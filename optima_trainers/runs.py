@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -29,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from optima_env.errors import DataError, TaskContractError
-from optima_env.io import append_jsonl, read_json_object, read_text, write_json_atomic
-from optima_env.types import check_fields
+from optima_env.io import append_jsonl, read_json_object, read_jsonl, read_text, write_json_atomic
 from optima_trainers.config import TrainConfig
 
 __all__ = ["RunDir", "default_run_name", "read_json", "read_stage_result"]
@@ -108,7 +106,6 @@ class RunDir:
         fix = "the run cannot be resumed: repair the file, or start a new run"
         data = read_json_object(path, fix=fix)
         try:
-            check_fields(TrainConfig, data)
             config = TrainConfig.from_dict(data)
         except (DataError, TaskContractError) as exc:
             raise DataError(f"{path}: {exc}; {fix}") from exc
@@ -167,25 +164,15 @@ class RunDir:
         path = self.root / "metrics.jsonl"
         if not path.is_file():
             return []
-        out = []
-        text = read_text(path)
-        lines = text.split("\n")
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                if i == len(lines) - 1:
-                    continue  # a torn last line of an interrupted append; the stage re-appends it
-                raise DataError(f"{path}, line {i + 1}: invalid JSON ({exc}); delete that line") from exc
+
+        def parse(record: Any) -> dict[str, Any]:
             if not isinstance(record, dict) or not isinstance(record.get("stage"), str):
                 raise DataError(
-                    f"{path}, line {i + 1}: field 'stage': expected a JSON object with a str 'stage', "
-                    f"got {line[:60]!r}; delete that line"
+                    f"field 'stage': expected a JSON object with a str 'stage', got {record!r:.60}"
                 )
-            out.append(record)
-        return out
+            return record
+
+        return read_jsonl(path, parse, fix="delete that line (the stage re-appends it)")
 
     def append_metrics(self, record: Mapping[str, Any]) -> None:
         """Append one stage's record unless that stage is already recorded."""

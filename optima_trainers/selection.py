@@ -17,6 +17,7 @@ threshold, so that no threshold, however low, lets it through.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -55,6 +56,19 @@ class SelectionConfig:
             )
         if self.order not in ("code", "paper"):
             raise TaskContractError(f"order must be 'code' or 'paper', got {self.order!r}")
+        if (
+            isinstance(self.theta, bool)
+            or not isinstance(self.theta, (int, float))
+            or not math.isfinite(self.theta)
+        ):
+            raise TaskContractError(
+                f"selection.theta must be a finite number (a total reward, e.g. 0.5), got {self.theta!r}"
+            )
+        score = self.min_task_score
+        if score is not None and (
+            isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 1
+        ):
+            raise TaskContractError(f"selection.min_task_score must be None or in [0, 1], got {score!r}")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> SelectionConfig:

@@ -37,24 +37,56 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SFTTrainConfig:
-    """Hyperparameters of one SFT stage."""
+    """Hyperparameters of one SFT stage (the ``sft`` section of the trainer configuration).
+
+    Defaults: the reference recipes' common values (spec §5) with LoRA; the task presets and the
+    compute profile set the rest. The run's seed, dtype and tracker are arguments of
+    :func:`train_sft`, not fields here, so that one value serves the whole run.
+    """
 
     learning_rate: float = 2e-5
+    """Peak learning rate (cosine schedule)."""
     epochs: float = 1
-    batch_size: int = 8
+    """Epochs per stage."""
+    batch_size: int = 32
     """Effective batch: per-device batch × gradient accumulation × processes."""
-    per_device_batch_size: int = 8
+    per_device_batch_size: int = 1
+    """Examples per device per forward pass."""
     max_length: int = 2048
+    """Longest example in tokens (longer ones are cut at the end)."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (``None``: run the epochs)."""
     lora: bool = True
+    """Train a LoRA adapter (merged into the weights at save) instead of every weight."""
     lora_r: int = 16
+    """LoRA rank."""
     lora_alpha: int = 32
+    """LoRA alpha."""
     lora_dropout: float = 0.0
+    """LoRA dropout."""
     warmup_ratio: float = 0.1
-    seed: int = 42
-    report_to: str = "none"
-    dtype: str = "float32"
+    """Linear warm-up fraction before the cosine schedule."""
+    eval_fraction: float = 0.0
+    """Fraction of the examples held out and evaluated once at the end (reference: 0.02)."""
+    restart_from_base: bool = False
+    """Every SFT stage starts from the base model (debate tasks, spec §5 item 8) instead of the
+    previous stage's model; the initialization always starts from the base model."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "per_device_batch_size", "max_length", "lora_r", "lora_alpha"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TaskContractError(f"sft.{name} must be an int >= 1, got {value!r}")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
+            raise TaskContractError(f"sft.max_steps must be None or an int >= 1, got {self.max_steps!r}")
+        if not (isinstance(self.learning_rate, (int, float)) and 0 < self.learning_rate < 1):
+            raise TaskContractError(f"sft.learning_rate must lie in (0, 1), got {self.learning_rate!r}")
+        if not (isinstance(self.epochs, (int, float)) and self.epochs > 0):
+            raise TaskContractError(f"sft.epochs must be > 0, got {self.epochs!r}")
+        for name in ("warmup_ratio", "eval_fraction", "lora_dropout"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise TaskContractError(f"sft.{name} must lie in [0, 1), got {value!r}")
 
 
 def world_size() -> int:
@@ -101,6 +133,9 @@ def train_sft(
     output_dir: str | os.PathLike[str],
     eval_examples: Sequence[MaskedExample] = (),
     logging_dir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    report_to: str = "none",
 ) -> TrainResult:
     """Fine-tune ``model_path`` on ``examples`` and save the merged model to ``output_dir``.
 
@@ -112,6 +147,9 @@ def train_sft(
         eval_examples: optional held-out examples (evaluated once at the end).
         logging_dir: where the trainer's own files go (tensorboard events); default: a folder
             beside ``output_dir``.
+        seed: the run's seed (weights init of LoRA, data order).
+        dtype: ``float32`` (CPU) or ``bfloat16`` (GPU only).
+        report_to: ``none``, ``tensorboard`` or ``wandb``.
 
     Returns:
         The :class:`TrainResult` (also stored in the checkpoint's ``COMPLETE`` marker).
@@ -123,15 +161,15 @@ def train_sft(
     torch = require("torch", "train")
     transformers = require("transformers", "train")
     trl = require("trl", "train")
-    check_report_to(config.report_to)
+    check_report_to(report_to)
     output_dir = Path(output_dir)
     trainer_dir = Path(logging_dir or output_dir.parent / f"{output_dir.name}_trainer")
 
-    transformers.set_seed(config.seed)
+    transformers.set_seed(seed)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, config.dtype))
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
     per_device = max(1, min(config.per_device_batch_size, config.batch_size))
     accumulation = max(1, math.ceil(config.batch_size / (per_device * world_size())))
     use_cuda = torch.cuda.is_available()
@@ -146,13 +184,13 @@ def train_sft(
         lr_scheduler_type="cosine",
         warmup_steps=config.warmup_ratio,
         max_length=config.max_length,
-        bf16=config.dtype == "bfloat16" and use_cuda,  # never on CPU: no native bf16 (feasibility study)
+        bf16=dtype == "bfloat16" and use_cuda,  # never on CPU: no native bf16 (feasibility study)
         fp16=False,
         gradient_checkpointing=False,
         use_cpu=not use_cuda,
-        seed=config.seed,
-        data_seed=config.seed,
-        report_to=config.report_to,
+        seed=seed,
+        data_seed=seed,
+        report_to=report_to,
         save_strategy="no",
         eval_strategy="no",
         logging_steps=1,

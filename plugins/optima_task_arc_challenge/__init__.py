@@ -47,11 +47,56 @@ class ARCChallengeTask(ChoiceDebateTask):
     dataset = "arc_challenge"
 
 
+# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# paper's Table 8 values where they differ (spec §13 item 5).
+_ISFT = {
+    "sft.learning_rate": 1e-06,
+    "sft.epochs": 4,
+    "sft.batch_size": 16,
+    "reward.lambda_token": 0.5,
+    "reward.lambda_loss": 0.6,
+    "selection.theta": 0.6,
+    "generation.num_samples": 15,
+    "generation.instances": 2000,
+    "iterations": 6,
+    "sft.restart_from_base": True,
+}
+PRESETS = {
+    "code": {
+        "isft": _ISFT,
+        "idpo": {
+            **_ISFT,
+            "iterations": 2,
+            "dpo.beta": 0.2,
+            "tree.reward.lambda_token": 0.4,
+            "tree.reward.lambda_loss": 0.7,
+            "tree.theta_filter": 0.45,
+            "tree.theta_diff": 0.2,
+            "tree.instances": 10000,
+        },
+        "isft-dpo": {
+            **_ISFT,
+            "generation.num_samples": 10,
+            "generation.instances": 10000,
+            "iterations": 2,
+            "dpo.beta": 0.1,
+            "tree.reward.lambda_token": 0.5,
+            "tree.reward.lambda_loss": 0.6,
+            "tree.theta_filter": 0.45,
+            "tree.theta_diff": 0.2,
+            "tree.instances": 10000,
+        },
+    },
+    "paper": {"idpo": {"iterations": 5}, "isft-dpo": {"iterations": 3}},
+}
+
+
 @hookimpl
 def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
+            presets=PRESETS,
             factory=ARCChallengeTask,
             family="debate",
             description="ARC-Challenge solver/critic debate; option text in <A></A>; accuracy.",

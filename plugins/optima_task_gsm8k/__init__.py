@@ -59,11 +59,56 @@ class GSM8KTask(MathDebateTask):
         return float(gsm8k_equal(answer, sample.answer, mode=self.gsm8k_mode))  # type: ignore[arg-type]
 
 
+# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# paper's Table 8 values where they differ (spec §13 item 5).
+_ISFT = {
+    "sft.learning_rate": 2e-06,
+    "sft.epochs": 3,
+    "sft.batch_size": 16,
+    "reward.lambda_token": 0.4,
+    "reward.lambda_loss": 0.9,
+    "selection.theta": 0.6,
+    "generation.num_samples": 10,
+    "generation.instances": 7000,
+    "iterations": 6,
+    "sft.restart_from_base": True,
+    "generation.init_temperature": 0.7,
+}
+PRESETS = {
+    "code": {
+        "isft": _ISFT,
+        "idpo": {
+            **_ISFT,
+            "iterations": 5,
+            "dpo.beta": 0.25,
+            "tree.reward.lambda_token": 0.6,
+            "tree.reward.lambda_loss": 0.7,
+            "tree.theta_filter": 0.5,
+            "tree.theta_diff": 0.2,
+            "tree.instances": 7000,
+        },
+        "isft-dpo": {
+            **_ISFT,
+            "sft.learning_rate": 1e-06,
+            "iterations": 3,
+            "dpo.beta": 0.5,
+            "tree.reward.lambda_token": 0.4,
+            "tree.reward.lambda_loss": 0.9,
+            "tree.theta_filter": 0.45,
+            "tree.theta_diff": 0.2,
+            "tree.instances": 7000,
+        },
+    },
+    "paper": {"idpo": {"dpo.beta": 0.2, "tree.theta_filter": 0.4}, "isft-dpo": {"tree.theta_filter": 0.4}},
+}
+
+
 @hookimpl
 def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
+            presets=PRESETS,
             factory=GSM8KTask,
             family="debate",
             description="GSM8K solver/critic debate; boxed numeric answer; accuracy.",

@@ -52,11 +52,54 @@ class HotpotQATask(SupportingFactsTask):
     default_full_paragraphs = False
 
 
+# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# paper's Table 8 values where they differ (spec §13 item 5).
+_ISFT = {
+    "sft.learning_rate": 2e-05,
+    "sft.epochs": 3,
+    "sft.batch_size": 32,
+    "reward.lambda_token": 0.6,
+    "reward.lambda_loss": 1.0,
+    "selection.theta": 0.5,
+    "generation.num_samples": 10,
+    "generation.instances": 10000,
+    "iterations": 6,
+}
+PRESETS = {
+    "code": {
+        "isft": _ISFT,
+        "idpo": {
+            **_ISFT,
+            "iterations": 5,
+            "dpo.beta": 0.1,
+            "tree.reward.lambda_token": 0.6,
+            "tree.reward.lambda_loss": 1.0,
+            "tree.theta_filter": 0.4,
+            "tree.theta_diff": 0.2,
+            "tree.instances": 13000,
+        },
+        "isft-dpo": {
+            **_ISFT,
+            "sft.epochs": 2,
+            "iterations": 3,
+            "dpo.beta": 0.1,
+            "tree.reward.lambda_token": 0.6,
+            "tree.reward.lambda_loss": 1.0,
+            "tree.theta_filter": 0.4,
+            "tree.theta_diff": 0.2,
+            "tree.instances": 12000,
+        },
+    },
+    "paper": {"isft-dpo": {"dpo.beta": 0.5}},
+}
+
+
 @hookimpl
 def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
+            presets=PRESETS,
             factory=HotpotQATask,
             family="information_exchange",
             description="HotpotQA distractor; paragraphs dealt between agents; F1.",

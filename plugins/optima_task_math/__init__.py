@@ -66,11 +66,60 @@ class MATHTask(MathDebateTask):
         return float(math_equal(answer, sample.answer, timeout=self.math_timeout))
 
 
+# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# paper's Table 8 values where they differ (spec §13 item 5).
+_ISFT = {
+    "sft.learning_rate": 1e-06,
+    "sft.epochs": 3,
+    "sft.batch_size": 16,
+    "reward.lambda_token": 0.4,
+    "reward.lambda_loss": 0.8,
+    "selection.theta": 0.6,
+    "generation.num_samples": 10,
+    "generation.instances": 7500,
+    "iterations": 6,
+    "selection.keep": (0.1, 0.8),
+    "sft.restart_from_base": True,
+    "generation.init_temperature": 0.7,
+}
+PRESETS = {
+    "code": {
+        "isft": _ISFT,
+        "idpo": {
+            **_ISFT,
+            "iterations": 5,
+            "dpo.beta": 0.1,
+            "tree.reward.lambda_token": 0.5,
+            "tree.reward.lambda_loss": 0.7,
+            "tree.theta_filter": 0.4,
+            "tree.theta_diff": 0.2,
+            "tree.instances": 7000,
+        },
+        "isft-dpo": {
+            **_ISFT,
+            "sft.epochs": 4,
+            "sft.batch_size": 32,
+            "reward.lambda_loss": 0.9,
+            "generation.instances": 7000,
+            "iterations": 3,
+            "dpo.beta": 0.1,
+            "tree.reward.lambda_token": 0.4,
+            "tree.reward.lambda_loss": 0.9,
+            "tree.theta_filter": 0.45,
+            "tree.theta_diff": 0.2,
+            "tree.instances": 7000,
+        },
+    },
+    "paper": {"isft": {"reward.lambda_loss": 0.9}, "isft-dpo": {"tree.theta_filter": 0.4}},
+}
+
+
 @hookimpl
 def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
+            presets=PRESETS,
             factory=MATHTask,
             family="debate",
             description="MATH solver/critic debate; boxed answer; math-verify equivalence.",

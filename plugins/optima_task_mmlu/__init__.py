@@ -55,11 +55,55 @@ class MMLUTask(ChoiceDebateTask):
         return {"filter_arc": self.filter_arc}
 
 
+# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# paper's Table 8 values where they differ (spec §13 item 5).
+_ISFT = {
+    "sft.learning_rate": 1e-06,
+    "sft.epochs": 2,
+    "sft.batch_size": 16,
+    "reward.lambda_token": 0.6,
+    "reward.lambda_loss": 0.7,
+    "selection.theta": 0.6,
+    "generation.num_samples": 10,
+    "generation.instances": 10000,
+    "iterations": 6,
+    "sft.restart_from_base": True,
+}
+PRESETS = {
+    "code": {
+        "isft": _ISFT,
+        "idpo": {
+            **_ISFT,
+            "iterations": 5,
+            "dpo.beta": 0.1,
+            "tree.reward.lambda_token": 0.6,
+            "tree.reward.lambda_loss": 0.7,
+            "tree.theta_filter": 0.4,
+            "tree.theta_diff": 0.2,
+            "tree.instances": 10000,
+        },
+        "isft-dpo": {
+            **_ISFT,
+            "selection.theta": 0.7,
+            "iterations": 3,
+            "dpo.beta": 0.1,
+            "tree.reward.lambda_token": 0.6,
+            "tree.reward.lambda_loss": 0.7,
+            "tree.theta_filter": 0.45,
+            "tree.theta_diff": 0.2,
+            "tree.instances": 10000,
+        },
+    },
+    "paper": {"isft-dpo": {"selection.theta": 0.6, "tree.theta_filter": 0.4}},
+}
+
+
 @hookimpl
 def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
+            presets=PRESETS,
             factory=MMLUTask,
             family="debate",
             description="MMLU solver/critic debate; option text in <A></A>; accuracy.",

@@ -1,0 +1,192 @@
+"""The host's generation for tree stages (iDPO, iSFT-DPO; spec §6, §7), phase by phase.
+
+1. ``normalizer``: one conversation (``generation.temperature``) on each of the next
+   ``tree.normalizer_instances`` training instances, appended to ``normalizer.jsonl`` and resumed
+   like any rollout; the token normalizer is their ``tree.normalizer_percentile`` plus 1.
+2. ``mcts``: one tree per next ``tree.instances`` instance (:func:`optima_trainers.mcts.build_trees`),
+   grown in chunks of trees; each finished chunk (its trees' pairs and scored trajectories) is
+   appended as ONE line to ``trees.jsonl``, so a resumed run regrows only the chunk it was killed
+   in (a chunk is a deterministic function of its trees, so the regrown chunk equals the lost one).
+3. ``pairs``: the top ``tree.pair_fraction`` of each tree's pairs
+   (:func:`~optima_trainers.pairs.select_top_pairs`), written atomically to ``pairs.jsonl``.
+
+:func:`read_tree_stage` reads the stage's data back for the ``optima_generation_end`` hook.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from optima_env.errors import DataError
+from optima_env.io import append_jsonl, read_episodes, read_jsonl, write_text_atomic
+from optima_env.policy import ChatPolicy, SamplingParams
+from optima_env.reward import percentile_normalizer
+from optima_env.rollout import make_jobs
+from optima_env.task import Task
+from optima_env.types import Episode
+from optima_trainers.config import TrainConfig
+from optima_trainers.faults import fault_point
+from optima_trainers.generation import resumable_rollout
+from optima_trainers.types import PreferencePair, read_pairs, write_pairs
+
+__all__ = ["generate_tree_stage", "read_tree_stage"]
+
+logger = logging.getLogger(__name__)
+
+
+def _chunks(positions: list[int], size: int) -> list[list[int]]:
+    return [positions[i : i + size] for i in range(0, len(positions), size)]
+
+
+def _chunk_record(record: Any) -> tuple[int, list[dict[str, Any]]]:
+    for name, type_ in (("chunk", int), ("trees", list)):
+        value = record.get(name) if isinstance(record, dict) else None
+        if not isinstance(value, type_) or isinstance(value, bool):
+            raise DataError(f"field '{name}': expected {type_.__name__}, got {type(value).__name__}")
+    return record["chunk"], record["trees"]
+
+
+def finished_chunks(path: Path) -> dict[int, list[dict[str, Any]]]:
+    """Chunk number -> its tree records, from ``trees.jsonl`` (a torn last line is dropped from
+    the file, so the next append starts on a clean line)."""
+    if not path.is_file():
+        return {}
+    done = dict(read_jsonl(path, _chunk_record, fix="delete the file to regrow the trees"))
+    import json
+
+    write_text_atomic(
+        path, "".join(json.dumps({"chunk": c, "trees": t}) + "\n" for c, t in sorted(done.items()))
+    )
+    return done
+
+
+def generate_tree_stage(
+    *,
+    task: Task,
+    policy: ChatPolicy,
+    config: TrainConfig,
+    folder: Path,
+    seed: int,
+    normalizer_indices: list[int],
+    tree_positions: list[int],
+    num_train: int,
+    readability: Callable[..., Any],
+    env_kwargs: Mapping[str, Any],
+    stops: tuple[str, ...],
+    on_scored: Callable[[Episode], None],
+    on_phase: Callable[[str, float, dict[str, Any]], None],
+    progress: bool,
+) -> None:
+    """Run (or resume) the normalizer, tree and pair phases of one stage into ``folder``."""
+    import time
+
+    from optima_trainers.mcts import MCTSConfig, MCTSReward, build_trees
+    from optima_trainers.pairs import select_top_pairs
+
+    gen, tree_cfg = config.generation, config.tree
+    started = time.perf_counter()
+    episodes = resumable_rollout(
+        task,
+        policy,
+        jobs=make_jobs(normalizer_indices, 1, seed),
+        path=folder / "normalizer.jsonl",
+        sampling=SamplingParams(
+            temperature=gen.temperature,
+            top_p=gen.top_p,
+            max_new_tokens=gen.max_new_tokens,
+            seed=seed,
+            stop=stops,
+        ),
+        env_kwargs=env_kwargs,
+        concurrency=gen.concurrency,
+        progress=progress,
+    )
+    normalizer = percentile_normalizer([e.num_tokens for e in episodes], tree_cfg.normalizer_percentile)
+    on_phase("normalizer", started, {"normalizer": normalizer})
+
+    started = time.perf_counter()
+    reward = MCTSReward(normalizer=normalizer, config=tree_cfg.reward, readability=readability)
+    search = MCTSConfig(
+        num_selections=tree_cfg.selections,
+        rollouts_per_selection=tree_cfg.rollouts,
+        top_k=tree_cfg.top_k,
+        select_edit_threshold=tree_cfg.select_edit_threshold,
+        merge_edit_threshold=tree_cfg.merge_edit_threshold,
+        max_depth=gen.max_turns,
+        temperature=gen.temperature,
+        max_new_tokens=gen.max_new_tokens,
+        top_p=gen.top_p,
+        stop=stops,
+        minmax=tree_cfg.minmax,
+    )
+    mcts_env = {k: v for k, v in env_kwargs.items() if k not in ("split", "max_turns", "diverse_formats")}
+    per_chunk = max(1, gen.concurrency // max(1, tree_cfg.rollouts))
+    trees_path = folder / "trees.jsonl"
+    done = finished_chunks(trees_path)
+    for number, chunk in enumerate(_chunks(tree_positions, per_chunk)):
+        if number in done:
+            continue
+        trees = build_trees(
+            task,
+            policy,
+            [p % num_train for p in chunk],
+            reward_fn=reward.score,
+            split=config.split,
+            seed=seed,
+            config=search,
+            env_kwargs=mcts_env,
+            keys=chunk,
+            progress=progress,
+        )
+        record = [_tree_record(t, tree_cfg.theta_filter, tree_cfg.theta_diff) for t in trees]
+        append_jsonl(trees_path, [{"chunk": number, "trees": record}])
+        for tree in trees:
+            for trajectory in tree.trajectories:
+                on_scored(trajectory.episode)
+        done[number] = record
+        fault_point("mcts_chunk")
+    trees_done = [t for number in sorted(done) for t in done[number]]
+    per_tree = [[PreferencePair.from_dict(p) for p in t["pairs"]] for t in trees_done]
+    write_pairs(folder / "pairs.jsonl", select_top_pairs(per_tree, tree_cfg.pair_fraction))
+    on_phase("mcts", started, {})
+
+
+def _tree_record(tree: Any, theta_filter: float, theta_diff: float) -> dict[str, Any]:
+    episodes = [t.episode for t in tree.trajectories]
+    return {
+        "index": tree.index,
+        "sample_id": tree.sample_id,
+        "nodes": len(tree.nodes),
+        "trajectories": [e.to_dict() for e in episodes],
+        "mean_reward": sum(t.reward for t in tree.trajectories) / max(1, len(episodes)),
+        "mean_task_score": sum(e.task_score for e in episodes) / max(1, len(episodes)),
+        "mean_tokens": sum(e.num_tokens for e in episodes) / max(1, len(episodes)),
+        "pairs": [p.to_dict() for p in tree.pairs(theta_filter, theta_diff)],
+    }
+
+
+def read_tree_stage(
+    folder: Path, config: TrainConfig
+) -> tuple[list[Episode], list[PreferencePair], dict[str, float]]:
+    """``(trajectories, kept pairs, metrics)`` of a generated tree stage."""
+    trees = [t for _, chunk in sorted(finished_chunks(folder / "trees.jsonl").items()) for t in chunk]
+    episodes = [Episode.from_dict(e) for t in trees for e in t.get("trajectories", [])]
+    pairs = read_pairs(folder / "pairs.jsonl")
+    counts = [e.num_tokens for e in read_episodes(folder / "normalizer.jsonl")]
+    n = max(1, len(trees))
+    metrics = {
+        "mcts/normalizer": percentile_normalizer(counts, config.tree.normalizer_percentile)
+        if counts
+        else 0.0,
+        "mcts/trees": float(len(trees)),
+        "mcts/nodes": sum(t["nodes"] for t in trees) / n,
+        "reward/total": sum(t["mean_reward"] for t in trees) / n,
+        "rollout/task_score": sum(t["mean_task_score"] for t in trees) / n,
+        "rollout/tokens": sum(t["mean_tokens"] for t in trees) / n,
+        "mcts/pairs_found": float(sum(len(t["pairs"]) for t in trees)),
+        "mcts/pairs": float(len(pairs)),
+    }
+    return episodes, pairs, metrics
