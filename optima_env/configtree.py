@@ -124,8 +124,9 @@ def _fail(name: str, expected: str, got: Any, fix: str = "") -> ConfigError:
 _TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
 
 
-def parse_value(name: str, type_: Any, value: Any) -> Any:
-    """``value`` converted to the field type ``type_``; strings (from a command line) are parsed.
+def parse_value(name: str, type_: Any, value: Any, *, strict: bool = False) -> Any:
+    """``value`` converted to the field type ``type_``; strings (from a command line) are parsed,
+    unless ``strict`` (values read from JSON must already have their type).
 
     >>> parse_value("x", float, "0.4"), parse_value("y", bool, "false"), parse_value("z", int | None, "none")
     (0.4, False, None)
@@ -134,13 +135,15 @@ def parse_value(name: str, type_: Any, value: Any) -> Any:
     if type_ is Any:
         return json.loads(value) if isinstance(value, str) and value[:1] in "[{" else value
     if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
+        if value is None or (
+            not strict and isinstance(value, str) and value.strip().lower() in ("none", "null")
+        ):
             if type(None) in args:
                 return None
         errors = []
         for option in (a for a in args if a is not type(None)):
             try:
-                return parse_value(name, option, value)
+                return parse_value(name, option, value, strict=strict)
             except ConfigError as exc:
                 errors.append(str(exc))
         raise _fail(name, " or ".join(_type_name(a) for a in args), value)
@@ -151,11 +154,11 @@ def parse_value(name: str, type_: Any, value: Any) -> Any:
     if type_ is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        if not strict and isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
             return value.strip().lower() in _TRUE
         raise _fail(name, "a bool (true or false)", value)
     if type_ in (int, float):
-        if isinstance(value, str):
+        if isinstance(value, str) and not strict:
             try:
                 value = json.loads(value.strip())
             except json.JSONDecodeError:
@@ -172,7 +175,7 @@ def parse_value(name: str, type_: Any, value: Any) -> Any:
             return value
         raise _fail(name, "a string", value)
     if origin is tuple or type_ is tuple:
-        if isinstance(value, str):
+        if isinstance(value, str) and not strict:
             text = value.strip()
             value = json.loads(text) if text.startswith("[") else [v for v in text.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
@@ -180,11 +183,13 @@ def parse_value(name: str, type_: Any, value: Any) -> Any:
         if args and args[-1] is not Ellipsis:
             if len(value) != len(args):
                 raise _fail(name, f"{len(args)} values", value)
-            return tuple(parse_value(f"{name}[{i}]", a, v) for i, (a, v) in enumerate(zip(args, value)))
+            return tuple(
+                parse_value(f"{name}[{i}]", a, v, strict=strict) for i, (a, v) in enumerate(zip(args, value))
+            )
         item = args[0] if args else Any
-        return tuple(parse_value(f"{name}[{i}]", item, v) for i, v in enumerate(value))
+        return tuple(parse_value(f"{name}[{i}]", item, v, strict=strict) for i, v in enumerate(value))
     if origin in (dict, Mapping) or type_ in (dict, Mapping) or origin is typing.Mapping:
-        if isinstance(value, str):
+        if isinstance(value, str) and not strict:
             try:
                 value = json.loads(value)
             except json.JSONDecodeError:
@@ -234,9 +239,9 @@ def _apply(config: Any, overrides: Mapping[str, Any], prefix: str) -> Any:
         return config
     try:
         return dataclasses.replace(config, **direct)
-    except TaskContractError:
+    except ConfigError:
         raise
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:  # the section's own validation (any OptimaError is a ValueError)
         raise ConfigError(f"config section {prefix.rstrip('.') or cls.__name__!r}: {exc}") from exc
 
 
@@ -255,7 +260,7 @@ def to_dict(config: Any) -> dict[str, Any]:
     return plain(config)
 
 
-def from_dict(cls: type, data: Mapping[str, Any], *, prefix: str = "") -> Any:
+def from_dict(cls: type, data: Mapping[str, Any], *, prefix: str = "", strict: bool = True) -> Any:
     """Rebuild a tree written by :func:`to_dict`; unknown keys and bad values raise :class:`ConfigError`."""
     if not isinstance(data, Mapping):
         raise _fail(prefix.rstrip(".") or cls.__name__, "a JSON object", data)
@@ -266,10 +271,19 @@ def from_dict(cls: type, data: Mapping[str, Any], *, prefix: str = "") -> Any:
             raise _unknown(prefix + name, [prefix + n for n in fields])
         section = _section_type(hints[name])
         if section is not None:
-            values[name] = from_dict(section, value, prefix=f"{prefix}{name}.")
+            values[name] = from_dict(section, value, prefix=f"{prefix}{name}.", strict=strict)
         else:
-            values[name] = parse_value(prefix + name, hints[name], value)
-    return cls(**values)
+            values[name] = parse_value(prefix + name, hints[name], value, strict=strict)
+    missing = [n for n, f in fields.items() if n not in values and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]  # fmt: skip
+    if missing:
+        raise ConfigError(f"config field {prefix + missing[0]!r}: missing (a required field)")
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"config section {prefix.rstrip('.') or cls.__name__!r}: {exc}") from exc
 
 
 def describe(cls: type, config: Any | None = None, *, prefix: str = "") -> list[str]:

@@ -134,6 +134,8 @@ class ConversationEnv(AECEnv):
             raise TaskContractError(f"message_format must be 'code' or 'alternating', got {message_format!r}")
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise TaskContractError(f"render_mode must be None, 'human' or 'ansi', got {render_mode!r}")
+        if not isinstance(scoring, bool):
+            raise TaskContractError(f"scoring must be True or False, got {scoring!r}")
         if diverse_formats and task.num_formats == 0:
             raise TaskContractError(
                 f"task {task.id!r} has no format-diverse prompt pool; pass diverse_formats=False"
@@ -145,7 +147,7 @@ class ConversationEnv(AECEnv):
         self.turn_char_cap = MAX_CHARS_PER_TOKEN * turn_token_cap
         self.token_counter = as_token_counter(tokenizer)
         self.reward_config = reward_config or RewardConfig()
-        self.scoring = bool(scoring)
+        self.scoring = scoring
         self.token_normalizer = float(token_normalizer)
         self.readability = readability
         self.diverse_formats = diverse_formats

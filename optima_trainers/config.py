@@ -389,7 +389,7 @@ def check_options(config: TrainConfig, trainer: Any, extra: Mapping[str, Any] | 
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
-    options = to_dict(from_dict(cls, nested, prefix="options."))
+    options = to_dict(from_dict(cls, nested, prefix="options.", strict=False))
     return config if options == dict(config.options) else apply(config, {"options": options})
 
 

@@ -58,7 +58,7 @@ from optima_trainers.runs import RunDir, read_stage_result
 from optima_trainers.stages import Stage, StageData, StageOutcome, stage_seed
 from optima_trainers.tree_stage import generate_tree_stage, read_tree_stage
 
-__all__ = ["IterativeTrainer", "plan_stages"]
+__all__ = ["IterativeTrainer", "load_readability_scorer", "plan_stages"]
 
 logger = logging.getLogger(__name__)
 
@@ -185,8 +185,8 @@ class IterativeTrainer:
         return self.run_dir.metrics()
 
     def _stage(self, stage: Stage, model: str, cursor: int) -> dict[str, Any]:
-        folder = self.run_dir.stage(stage.name)
         self._verify_model(model)
+        folder = self.run_dir.stage(stage.name)
         cursor_end = self._generate(stage, model, cursor, folder)
         data = self._deliver(stage, folder)
         start = self.base_model if stage.start == "base" else model
@@ -399,6 +399,16 @@ class IterativeTrainer:
             )
         self.pm.hook.optima_generation_end(stage=stage, data=data)
         return data
+
+
+def load_readability_scorer(config: TrainConfig, pm: pluggy.PluginManager) -> Any:
+    """The registered readability scorer ``config.readability_scorer`` on the frozen base model
+    (``readability_model``, default ``model``)."""
+    specs = readability_specs(pm)
+    name = config.readability_scorer
+    if name not in specs:
+        raise ConfigError(f"no readability scorer {name!r}; registered: {', '.join(specs) or '(none)'}")
+    return specs[name].factory(config.readability_model or config.model, dtype=config.dtype)
 
 
 def _rank() -> int:

@@ -173,6 +173,8 @@ def test_scoring_false_computes_no_reward_and_pays_zero() -> None:
     scored = tiny_env()
     scored.reset(seed=0)
     assert play_to_end(scored).reward is not None  # the default scores
+    with pytest.raises(TaskContractError, match="scoring must be True or False, got 'no'"):
+        tiny_env(scoring="no")
 
 
 # -- reports: metric names and file modes ----------------------------------------------------------

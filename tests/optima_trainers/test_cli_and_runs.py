@@ -33,33 +33,68 @@ def test_help_lists_the_options() -> None:
     )
     assert done.returncode == 0
     for flag in ("--task", "--trainer", "--model", "--iterations", "--resume", "--run-dir", "--backend",
-                 "--instances", "--samples", "--report-to", "--preset", "--profile"):  # fmt: skip
+                 "--instances", "--samples", "--report-to", "--preset", "--profile", "--set",
+                 "--lambda-token", "--threads", "--debug"):  # fmt: skip
         assert flag in done.stdout
+    # the installed trainers and every configuration field, typed, with its documentation
+    assert "installed trainers (--trainer NAME):" in done.stdout
+    for name in ("isft ", "idpo ", "isft-dpo "):
+        assert f"  {name}" in done.stdout
+    assert "reward.lambda_token (float, 0.6): λ_token" in done.stdout
+    assert "tree.reward.impersonation ('sft'|'mcts'|'off', 'mcts')" in done.stdout
 
 
 def test_print_config_resolves_preset_and_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--task", "synth", "--trainer", "idpo", "--profile", "cpu", "--samples", "3",
-                 "--set", "theta_diff=0.3", "--print-config"]) == 0  # fmt: skip
+                 "--set", "tree.theta_diff=0.3", "--set", "sft.lora=false", "--lambda-token", "0.25",
+                 "--print-config"]) == 0  # fmt: skip
     import json
 
     config = json.loads(capsys.readouterr().out)
-    assert config["task"] == "ie/synth-v0" and config["num_samples"] == 3 and config["theta_diff"] == 0.3
+    assert config["task"] == "ie/synth-v0" and config["generation"]["num_samples"] == 3
+    assert config["tree"]["theta_diff"] == 0.3 and config["sft"]["lora"] is False
+    assert config["reward"]["lambda_token"] == config["tree"]["reward"]["lambda_token"] == 0.25
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--set", "reward.lambda_token=-1"], "lambda_token must be a number >= 0, got -1.0"),
+        (["--set", "selection.theta=abc"], "config field 'selection.theta': expected a number (float), got 'abc'"),
+        (["--set", "reward.lamda_token=1"], "did you mean reward.lambda_token"),
+        (["--set", "sft.lora"], "--set expects NAME=VALUE"),
+        (["--lambda-loss", "-2"], "lambda_loss must be a number >= 0"),
+        (["--threads", "0"], "--threads must be >= 1"),
+    ],
+)
+def test_bad_settings_are_one_line_errors_before_anything_runs(argv, message, tmp_path, capsys) -> None:
+    assert main([*argv, "--runs-root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())  # no run folder was created
+
+
+def test_debug_shows_the_traceback(tmp_path) -> None:
+    with pytest.raises(OptimaError, match="lambda_token"):
+        main(["--set", "reward.lambda_token=-1", "--debug", "--runs-root", str(tmp_path)])
 
 
 def test_resume_refuses_flags_that_change_the_stored_config(tmp_path: Path, capsys) -> None:
     config = resolve_config("ie/synth-v0", "idpo", seed=3)
     RunDir.create(config, run_dir=tmp_path / "run")
     assert main(["--resume", "--run-dir", str(tmp_path / "run"), "--seed", "4"]) == 2
-    assert "differ" in capsys.readouterr().err
+    assert "'seed': (3, 4)" in capsys.readouterr().err
+    assert main(["--resume", "--run-dir", str(tmp_path / "run"), "--set", "dpo.beta=0.3"]) == 2
+    assert "'dpo.beta': (0.1, 0.3)" in capsys.readouterr().err
     assert main(["--resume", "--run-dir", str(tmp_path / "run"), "--trainer", "isft"]) == 2
-    assert "'trainer': ('idpo', 'isft')" in capsys.readouterr().err
+    assert "holds a run of ie/synth-v0 / idpo, not ie/synth-v0 / isft" in capsys.readouterr().err
     with pytest.raises(TaskContractError, match="already holds a run"):
         RunDir.create(config, run_dir=tmp_path / "run")
 
 
 def test_unknown_trainer_is_a_clear_error(capsys) -> None:
     assert main(["--trainer", "ppo", "--print-config"]) == 2
-    assert "registered: idpo, isft, isft-dpo" in capsys.readouterr().err
+    assert "installed: idpo, isft, isft-dpo" in capsys.readouterr().err
 
 
 def test_atomic_checkpoint_appears_complete_or_not_at_all(tmp_path: Path) -> None:
