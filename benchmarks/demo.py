@@ -60,7 +60,7 @@ class DemoTask:
     model: str = "embedded"
     """The starting (untrained) model: ``embedded``, a Hugging Face name or a local folder."""
     train: Mapping[str, Any] = field(default_factory=dict)
-    """:class:`~optima_trainers.config.TrainConfig` overrides on top of the cpu profile."""
+    """:class:`~optima_trainers.config.TrainConfig` overrides (dotted names) on top of the cpu profile."""
     eval_split: str = "test"
     """Held-out split of the evaluation."""
     eval_label: str = ""
@@ -77,10 +77,20 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
         task="ie/synth-v0",
         task_kwargs={"hops": 1, "num_distractors": 1, "style": "small"},
         train={
-            **dict(iterations=3, instances=24, num_samples=4, max_turns=6, max_new_tokens=48),
-            **dict(init_temperature=0.5, temperature=0.5, reward_preset="paper"),
-            **dict(theta_sft=-100.0, min_task_score=1e-9),
-            **dict(sft_lr=2e-4, sft_epochs=2, sft_batch_size=8, per_device_batch_size=4),
+            "iterations": 3,
+            "generation.instances": 24,
+            "generation.num_samples": 4,
+            "generation.max_turns": 6,
+            "generation.max_new_tokens": 48,
+            "generation.init_temperature": 0.5,
+            "generation.temperature": 0.5,
+            "reward_preset": "paper",
+            "selection.theta": -100.0,
+            "selection.min_task_score": 1e-9,
+            "sft.learning_rate": 2e-4,
+            "sft.epochs": 2,
+            "sft.batch_size": 8,
+            "sft.per_device_batch_size": 4,
         },
         eval_instances=40,
         why=(
@@ -101,10 +111,21 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
         task="ie/hotpotqa-v0",
         task_kwargs={"style": "small"},
         train={
-            **dict(iterations=1, instances=24, num_samples=3, max_turns=4, max_new_tokens=48),
-            **dict(init_temperature=0.5, temperature=0.5, reward_preset="paper"),
-            **dict(theta_sft=-100.0, min_task_score=1e-9, diverse_init=False),
-            **dict(sft_lr=2e-4, sft_epochs=2, sft_batch_size=8, per_device_batch_size=4),
+            "iterations": 1,
+            "generation.instances": 24,
+            "generation.num_samples": 3,
+            "generation.max_turns": 4,
+            "generation.max_new_tokens": 48,
+            "generation.init_temperature": 0.5,
+            "generation.temperature": 0.5,
+            "reward_preset": "paper",
+            "selection.theta": -100.0,
+            "selection.min_task_score": 1e-9,
+            "generation.diverse_init": False,
+            "sft.learning_rate": 2e-4,
+            "sft.epochs": 2,
+            "sft.batch_size": 8,
+            "sft.per_device_batch_size": 4,
         },
         eval_instances=30,
         eval_label="the dev set",
@@ -129,7 +150,7 @@ def _config(spec: DemoTask) -> Any:
     from optima_trainers.config import resolve_config
 
     return resolve_config(
-        spec.task, "isft", task_kwargs=dict(spec.task_kwargs), model=spec.model, **spec.train
+        spec.task, "isft", task_kwargs=dict(spec.task_kwargs), model=spec.model, overrides=dict(spec.train)
     )
 
 
@@ -179,8 +200,8 @@ def _evaluate(
     started, wall_started = time.perf_counter(), time.time()
     train = spec.train
     settings = PlaySettings(
-        max_turns=int(train["max_turns"]),
-        max_new_tokens=int(train["max_new_tokens"]),
+        max_turns=int(train["generation.max_turns"]),
+        max_new_tokens=int(train["generation.max_new_tokens"]),
         temperature=0.0,
         stop_at_speaker_tags=True,
     )

@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+from optima_env.backends import loading as backends
 from optima_env.errors import TaskContractError
 from optima_env.policy import ChatPolicy, GenerationRequest, SamplingParams
 from optima_env.scoring import extract_boxed, extract_tagged
@@ -28,7 +29,7 @@ __all__ = [
 
 logger = logging.getLogger("benchmarks.run")
 
-BACKENDS = ("hf", "vllm", "openai")
+BACKENDS = backends.BACKENDS
 
 _FACT_END = re.compile(r"((?:[A-Z][\w'-]*)(?:\s+[A-Z][\w'-]*)*)\.\s*$")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -198,12 +199,5 @@ def load_policy(
             model, base_urls=base_urls, api_key_env=api_key_env, tokenizer=tokenizer, batch_size=batch_size
         )
     _verify_if_checkpoint(model)
-    if backend == "vllm":
-        from optima_env.backends.vllm import VLLMPolicy
-
-        policy = VLLMPolicy.from_pretrained(model)
-        return policy, policy.tokenizer
-    from optima_env.backends.hf import TransformersPolicy
-
-    policy = TransformersPolicy.from_pretrained(model, batch_size=batch_size)
+    policy = backends.load_policy(model, backend=backend, batch_size=batch_size)
     return policy, policy.tokenizer

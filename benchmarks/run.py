@@ -35,11 +35,9 @@ exit code 2; ``--debug`` prints its traceback too.
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import importlib
 import inspect
-import itertools
 import json
 import logging
 import os
@@ -47,7 +45,8 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +56,10 @@ from benchmarks.policies import check_backend_flags, token_counter_description
 from benchmarks.store import EpisodeStore
 from benchmarks.suites import get_suite
 from benchmarks.units import open_task, play_methods
+from optima_env import configtree
 from optima_env.errors import OptimaError
 from optima_env.io import write_json_atomic
+from optima_env.reward import RewardConfig
 
 logger = logging.getLogger("benchmarks.run")
 REPO_README = Path(__file__).resolve().parents[1] / "README.md"
@@ -128,47 +129,58 @@ class RunArgs:
     """demo suite: rewrite the README block between the demo markers from this run."""
     debug: bool = False
     """On an error, print its traceback too (default: one line on stderr, exit code 2)."""
+    set: tuple[str, ...] = ()
+    """Set a configuration field by its dotted name, typed (repeatable): reward.lambda_token=0.4,
+    reward.short_trajectory_tokens=none, ... (the reward of every episode; a task's own thresholds
+    apply first). The fields are listed below."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchConfig:
+    """What ``--set NAME=VALUE`` reaches in a benchmark run (the trainer's names for the same things)."""
+
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """The reward of every episode (its breakdown is in episodes.jsonl, the report and the viewer)."""
+
+
+def bench_config(args: RunArgs) -> BenchConfig:
+    """The ``--set`` values applied to :class:`BenchConfig` (a bad name or value fails here)."""
+    return configtree.apply(BenchConfig(), configtree.parse_sets(args.set))
 
 
 # -- command line ---------------------------------------------------------------------------------
-def _field_docs() -> dict[str, str]:
-    body = ast.parse(inspect.getsource(RunArgs)).body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for node, nxt in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-        ):
-            docs[node.target.id] = str(nxt.value.value)  # type: ignore[union-attr]
-    return docs
-
-
 def parse_args(argv: list[str] | None = None) -> RunArgs:
-    """Parse the command line into :class:`RunArgs` (flags from the fields and their docstrings)."""
+    """Parse the command line into :class:`RunArgs`: one flag per field, documented by the field's
+    docstring, each value parsed into the field's type (:mod:`optima_env.configtree`, the trainer
+    CLI's parser); a bad value raises :class:`~optima_env.configtree.ConfigError`."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.run",
         description=__doc__,
+        epilog="configuration fields (--set NAME=VALUE; type, default: doc):\n"
+        + "\n".join(f"  {line}" for line in configtree.describe(BenchConfig)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    docs = _field_docs()
+    docs, hints = configtree.field_docs(RunArgs), typing.get_type_hints(RunArgs)
     for f in dataclasses.fields(RunArgs):
         flag = "--" + f.name.replace("_", "-")
-        kind = str(f.type)
-        help_text = f"{docs.get(f.name, '')} (default: {f.default})"
-        if kind.startswith("tuple"):
+        help_text = f"{docs.get(f.name, '')} (default: {f.default})".replace("%", "%%")
+        if typing.get_origin(hints[f.name]) is tuple:
             parser.add_argument(flag, action="append", default=None, metavar="VALUE", help=help_text)
-        elif kind == "bool":
-            toggle = argparse.BooleanOptionalAction
-            parser.add_argument(flag, action=toggle, default=f.default, help=help_text)
+        elif hints[f.name] is bool:
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+            )
         else:
-            convert = int if kind.startswith("int") else float if kind.startswith("float") else str
-            parser.add_argument(flag, type=convert, default=f.default, help=help_text)
+            parser.add_argument(flag, default=f.default, help=help_text)
     values = vars(parser.parse_args(argv))
     for f in dataclasses.fields(RunArgs):
-        if str(f.type).startswith("tuple"):
-            given = values[f.name] or []
-            values[f.name] = tuple(v.strip() for item in given for v in item.split(",") if v.strip())
+        value = values[f.name]
+        if typing.get_origin(hints[f.name]) is tuple:
+            given = value or []  # comma-separated lists, except --set (its values may hold commas)
+            items = given if f.name == "set" else [v for item in given for v in item.split(",")]
+            values[f.name] = tuple(v.strip() for v in items if v.strip())
+        elif value is not f.default:
+            values[f.name] = configtree.parse_value("--" + f.name.replace("_", "-"), hints[f.name], value)
     return RunArgs(**values)
 
 
@@ -268,6 +280,8 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
         pm: the plugin manager to find tasks in (default: a fresh one with the installed plugins).
     """
     started = time.time()
+    reward_overrides = {k.removeprefix("reward."): v for k, v in configtree.parse_sets(args.set).items()}
+    bench_config(args)  # a bad --set name or value fails here, before any model is loaded
     if args.threads is not None and args.model != "scripted":
         import torch
 
@@ -311,7 +325,15 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
     explicit = bool(args.task)
     task_names = tuple((t,) for t in args.task) if explicit else suite.tasks
     entries = [
-        open_task(names, explicit=explicit, suite=suite, split=args.split, episodes=args.episodes, pm=pm)
+        open_task(
+            names,
+            explicit=explicit,
+            suite=suite,
+            split=args.split,
+            episodes=args.episodes,
+            pm=pm,
+            reward=reward_overrides,
+        )
         for names in task_names
     ]
 
@@ -323,6 +345,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
         "split": args.split,
         "data_dir": data_dir,
         "settings": {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("sc_n", "scaling_k")},
+        "reward": dict(sorted(reward_overrides.items())),
         **{f"checkpoint:{k}": v for k, v in checkpoints.items()},
     }
     _check_resume(out, identity)
@@ -367,11 +390,11 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args = parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        run(args)
+        run(parse_args(argv))
     except OptimaError as exc:  # expected: bad input, missing data or extras, a failing server
-        if args.debug:
+        if "--debug" in argv:
             traceback.print_exc()
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

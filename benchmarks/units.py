@@ -18,8 +18,10 @@ from benchmarks.policies import load_policy
 from benchmarks.store import EpisodeStore
 from benchmarks.suites import Suite
 from optima_env import RewardConfig, make_task, resolve_task_id
+from optima_env.configtree import apply
 from optima_env.errors import DataError, MissingDependencyError, UnknownTaskError
 from optima_env.policy import ChatPolicy
+from optima_env.registry import task_specs
 from optima_env.rollout import RolloutJob, make_jobs, rollout
 from optima_env.task import Task
 
@@ -38,6 +40,8 @@ class TaskEntry:
     instances: int = 0
     status: str = "ok"
     """``ok``, ``data missing``, ``unavailable`` (a missing extra) or ``not registered``."""
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    """The reward of its episodes: the task's own thresholds (``TaskSpec.reward``), then ``--set``."""
     reason: str = ""
 
     def miss(self, exc: Exception) -> None:
@@ -56,6 +60,7 @@ def open_task(
     episodes: int | None,
     pm: Any,
     task_kwargs: Mapping[str, Any] | None = None,
+    reward: Mapping[str, Any] | None = None,
 ) -> TaskEntry:
     """Resolve and load one task of the run.
 
@@ -68,6 +73,8 @@ def open_task(
         episodes: ``--episodes`` (overrides the suite's number of instances).
         pm: the plugin manager.
         task_kwargs: keyword arguments of the task factory (e.g. ``{"style": "small"}``).
+        reward: :class:`~optima_env.reward.RewardConfig` values (``--set reward.NAME=VALUE``),
+            applied over the task's own thresholds.
     """
     task_id = None
     for name in names:
@@ -79,7 +86,8 @@ def open_task(
                 raise
     if task_id is None:
         return TaskEntry(task=names[0], status="not registered", reason=f"no task named {' / '.join(names)}")
-    entry = TaskEntry(task=task_id)
+    spec = task_specs(pm)[task_id]
+    entry = TaskEntry(task=task_id, reward=apply(RewardConfig(), {**spec.reward, **dict(reward or {})}))
     try:
         task = make_task(task_id, pm=pm, **dict(task_kwargs or {}))
         entry.family = task.family
@@ -137,7 +145,7 @@ def play(
             split=split,
             max_turns=method.max_turns(settings),
             tokenizer=tokenizer,
-            reward_config=RewardConfig(),
+            reward_config=entry.reward,
         ),
         on_episode=keep,
         progress=True,

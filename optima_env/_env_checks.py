@@ -140,11 +140,8 @@ def readability_loss(
     readability: Callable[[Sequence[str]], Sequence[float]] | None, texts: Sequence[str]
 ) -> float | None:
     """The max over turns of the readability scorer's per-turn losses (``None`` without a scorer)."""
+    from optima_env.readability import max_turn_loss, score_turns
+
     if readability is None or not texts:
         return None
-    losses = list(readability(texts))
-    if len(losses) != len(texts):
-        raise TaskContractError(
-            f"the readability scorer returned {len(losses)} losses for {len(texts)} turns"
-        )
-    return float(max(losses))
+    return max_turn_loss(score_turns(readability, texts))

@@ -146,7 +146,10 @@ def parse_value(name: str, type_: Any, value: Any, *, strict: bool = False) -> A
                 return parse_value(name, option, value, strict=strict)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise _fail(name, " or ".join(_type_name(a) for a in args), value)
+        options = [_type_name(a) for a in args if a is not type(None)] + (
+            ["none"] if type(None) in args else []
+        )
+        raise _fail(name, " or ".join(options), value)
     if origin is Literal:
         if value in args:
             return value

@@ -110,18 +110,31 @@ class TransformersLMLoss:
         return [float(x) for x in per_text.cpu()]
 
 
+def score_turns(scorer: Any, texts: Sequence[str]) -> list[float]:
+    """The scorer's per-turn losses of ``texts`` (one each, checked; no call for no text)."""
+    losses = [float(x) for x in scorer(list(texts))] if texts else []
+    if len(losses) != len(texts):
+        raise ScoringError(f"the readability scorer returned {len(losses)} losses for {len(texts)} turns")
+    return losses
+
+
+def max_turn_loss(losses: Sequence[float]) -> float | None:
+    """R_loss of an episode (spec §3): the max of its per-turn losses; ``None`` when it has no turn.
+
+    >>> max_turn_loss([1.5, 2.25, 0.5]), max_turn_loss([])
+    (2.25, None)
+    """
+    return float(max(losses)) if len(losses) else None
+
+
 def episode_lm_losses(scorer: Any, turn_texts: Sequence[Sequence[str]]) -> list[float | None]:
     """Max per-turn loss for each episode, scoring every turn of every episode in one call."""
-    flat = [t for turns in turn_texts for t in turns]
-    losses = list(scorer(flat)) if flat else []
-    if len(losses) != len(flat):
-        raise ScoringError(f"the readability scorer returned {len(losses)} losses for {len(flat)} turns")
+    losses = score_turns(scorer, [t for turns in turn_texts for t in turns])
     out: list[float | None] = []
     pos = 0
     for turns in turn_texts:
-        chunk = losses[pos : pos + len(turns)]
+        out.append(max_turn_loss(losses[pos : pos + len(turns)]))
         pos += len(turns)
-        out.append(max(chunk) if chunk else None)
     return out
 
 

@@ -80,6 +80,8 @@ class GenerationConfig:
     """The initialization samples with the format-diverse prompt pool (when the task has one)."""
     backend: Literal["hf", "vllm", "ct2"] = "hf"
     """Generation backend: transformers, vLLM, or CTranslate2 (the fast CPU engine)."""
+    compute_type: Literal["int8", "int8_float32", "float32"] = "int8"
+    """CTranslate2's weight type (``backend="ct2"`` only; int8 is the CPU default)."""
     concurrency: int = 32
     """Conversations in flight (the generation batch size)."""
     stop_at_speaker_tags: bool = False

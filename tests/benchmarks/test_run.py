@@ -104,3 +104,22 @@ def test_a_task_without_data_is_reported_not_fatal(tmp_path) -> None:
     assert "| ie/synth-v0 | CoT | " in proc.stdout
     report = (out / "report.md").read_text()
     assert "ie/hotpotqa-v0: data missing: " in report and str(empty) in report
+
+
+def test_reward_weights_and_task_thresholds_are_set_from_the_command_line(tmp_path) -> None:
+    """``--set reward.NAME=VALUE`` reaches the reward of every episode, typed; a bad name fails first."""
+    default, tuned = tmp_path / "default", tmp_path / "tuned"
+    args = ("--model", "scripted", "--episodes", "2", "--methods", "mad")
+    assert _run(*args, "--out", str(default)).returncode == 0
+    proc = _run(*args, "--out", str(tuned), "--set", "reward.lambda_token=0.3",
+                "--set", "reward.short_trajectory_tokens=none")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    before, after = read_episodes(default / "episodes.jsonl"), read_episodes(tuned / "episodes.jsonl")
+    for a, b in zip(before, after):
+        assert [t.text for t in a.turns] == [t.text for t in b.turns]
+        assert "short_trajectory" not in b.reward.flags
+        if "short_trajectory" not in a.reward.flags and "large_turn" not in a.reward.flags:
+            assert b.reward.token == pytest.approx(a.reward.token * 0.3 / 0.6)
+    bad = _run(*args, "--out", str(tmp_path / "bad"), "--set", "reward.lambda_token=-1")
+    assert bad.returncode == 2 and "lambda_token must be a number >= 0" in bad.stderr
+    assert not (tmp_path / "bad").exists()

@@ -53,3 +53,19 @@ def test_template_plays_with_two_and_three_agents() -> None:
     check_task(env.task, split="train", api_cycles=5)
     with pytest.raises(TaskContractError, match="unknown split"):
         env.task.samples("dev")
+
+
+def test_the_template_sets_its_own_presets_and_reward_thresholds() -> None:
+    """A task's spec carries its trainer presets and reward thresholds; the trainers apply them."""
+    from optima_env import get_plugin_manager
+    from optima_env.registry import task_specs, trainer_specs
+    from optima_trainers.config import resolve_config
+
+    pm = get_plugin_manager()
+    pm.register(optima_task_template, name="template")
+    spec, trainers = task_specs(pm)["example/template-v0"], trainer_specs(pm)
+    isft = resolve_config(spec, trainers["isft"], profile="paper")
+    assert (isft.selection.theta, isft.generation.num_samples, isft.iterations) == (0.3, 8, 4)
+    assert isft.reward.short_trajectory_tokens == 6 and not isft.reward.repeated_turn_zero_loss
+    idpo = resolve_config(spec, trainers["idpo"], profile="paper")
+    assert idpo.tree.theta_filter == 0.3 and idpo.tree.reward.short_trajectory_tokens == 6

@@ -13,7 +13,7 @@ def gpt2_policy():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from optima_env.models import ensure_embedded_model
-    from optima_trainers.sampling import KeyedSamplingPolicy
+    from optima_env.backends.keyed import KeyedSamplingPolicy
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
     config = transformers.GPT2Config(

