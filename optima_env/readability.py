@@ -6,7 +6,8 @@ as SmolLM2's does, keeps it: it is part of how that model reads a lone message).
 mean cross-entropy over the message's content tokens and its end-of-turn marker; the episode's
 ``lm_loss`` is the max over its turns. Scorers are plain callables ``texts -> losses``, so any
 causal LM (or a remote service) can serve; this module ships the transformers one and registers
-it as ``transformers`` through the ``optima_register_readability_scorers`` hook.
+it as ``transformers`` through the ``optima_register_readability_scorers`` hook;
+:mod:`optima_env.backends.ct2_readability` scores the same tokens through CTranslate2 (``ct2``).
 """
 
 from __future__ import annotations

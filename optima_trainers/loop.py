@@ -39,17 +39,16 @@ import pluggy
 from optima_env.backends.loading import load_policy
 from optima_env.configtree import ConfigError
 from optima_env.errors import PluginError
-from optima_env.io import read_episodes, write_episodes, write_json_atomic
+from optima_env.io import write_json_atomic
 from optima_env.models import resolve_model_path
-from optima_env.policy import SamplingParams, speaker_stops
+from optima_env.policy import speaker_stops
 from optima_env.registry import get_plugin_manager, make_task, readability_specs, trainer_specs
-from optima_env.rollout import make_jobs
 from optima_env.types import Episode
 from optima_trainers.checkpoint import discard_partial, is_complete, require_complete, train_metrics
 from optima_trainers.config import TrainConfig, check_options
 from optima_trainers.faults import fault_point
-from optima_trainers.generation import episode_summary, resumable_rollout, score_episodes, with_readability
 from optima_trainers.runs import RunDir, read_stage_result
+from optima_trainers.sample_stage import generate_sample_stage, read_sample_stage
 from optima_trainers.stages import Stage, StageData, StageOutcome, stage_seed
 from optima_trainers.tree_stage import generate_tree_stage, read_tree_stage
 
@@ -322,41 +321,23 @@ class IterativeTrainer:
                 )
                 self._release(policy)
             return tree_start + cfg.tree.instances
-        scored_path, selected_path = folder / "scored.jsonl", folder / "selected.jsonl"
-        if not scored_path.is_file():
-            started = time.perf_counter()
-            policy = self._policy(model)
-            diverse = stage.init and cfg.generation.diverse_init and self.task.num_formats > 0
-            gen = cfg.generation
-            episodes = resumable_rollout(
-                self.task,
-                policy,
-                jobs=make_jobs(self._indices(cursor, gen.instances), gen.num_samples, seed),
-                path=folder / "episodes.jsonl",
-                sampling=SamplingParams(
-                    temperature=gen.init_temperature if stage.init else gen.temperature,
-                    top_p=gen.top_p,
-                    max_new_tokens=gen.max_new_tokens,
-                    seed=seed,
-                    stop=self.stops,
-                ),
-                env_kwargs=self._env_kwargs(policy, diverse=diverse),
-                concurrency=gen.concurrency,
-                progress=self.progress,
-            )
-            self._release(policy)
-            self._phase(stage, "generate", started, cursor=cursor)
-            started = time.perf_counter()
-            scored = score_episodes(with_readability(episodes, self.scorer), config=cfg.reward)
-            write_episodes(scored_path, scored)
-            on_scored = self._scored(stage)
-            for episode in scored:
-                on_scored(episode)
-            self._phase(stage, "score", started)
-        if not selected_path.is_file():
-            started = time.perf_counter()
-            write_episodes(selected_path, self._select(stage, read_episodes(scored_path)))
-            self._phase(stage, "select", started)
+        generate_sample_stage(
+            task=self.task,
+            policy_factory=lambda: self._policy(model),
+            release=self._release,
+            config=cfg,
+            folder=folder,
+            seed=seed,
+            indices=self._indices(cursor, cfg.generation.instances),
+            init=stage.init,
+            readability=lambda: self.scorer,
+            env_kwargs=self._env_kwargs,
+            stops=self.stops,
+            on_scored=self._scored(stage),
+            select=lambda scored: self._select(stage, scored),
+            on_phase=lambda phase, started, extra: self._phase(stage, phase, started, **extra),
+            progress=self.progress,
+        )
         return cursor + cfg.generation.instances
 
     def _select(self, stage: Stage, scored: Sequence[Episode]) -> list[Episode]:
@@ -383,18 +364,7 @@ class IterativeTrainer:
                 stage=stage, folder=folder, episodes=tuple(episodes), pairs=tuple(pairs), metrics=metrics
             )
         else:
-            scored, selected = (
-                read_episodes(folder / "scored.jsonl"),
-                read_episodes(folder / "selected.jsonl"),
-            )
-            metrics = {
-                **episode_summary(scored),
-                "select/instances": float(len({e.sample_id for e in scored})),
-                "select/selected": float(len(selected)),
-                "select/reward": _mean([e.reward.total for e in selected if e.reward is not None]),
-                "select/task_score": _mean([e.task_score for e in selected]),
-                "select/tokens": _mean([float(e.num_tokens) for e in selected]),
-            }
+            scored, selected, metrics = read_sample_stage(folder)
             data = StageData(
                 stage=stage, folder=folder, episodes=tuple(scored), selected=tuple(selected), metrics=metrics
             )
@@ -421,7 +391,3 @@ def _wait_for(path: Path, *alternatives: Path, poll_s: float = 5.0) -> Path:
     while not path.exists() and not any(a.exists() for a in alternatives):
         time.sleep(poll_s)
     return path
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(sum(values) / len(values)) if values else 0.0

@@ -13,11 +13,10 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from optima_env.errors import DataError
-from optima_env.io import read_text, write_text_atomic
+from optima_env.io import read_jsonl, write_text_atomic
 from optima_env.types import check_fields
 from optima_trainers.checkpoint import TrainResult
 
@@ -115,13 +114,4 @@ def write_pairs(path: str | os.PathLike[str], pairs: Iterable[PreferencePair]) -
 
 def read_pairs(path: str | os.PathLike[str]) -> list[PreferencePair]:
     """Read a JSONL file written by :func:`write_pairs`; a bad line raises :class:`DataError`."""
-    path = Path(path)
-    pairs = []
-    for i, line in enumerate(read_text(path).splitlines()):
-        if not line.strip():
-            continue
-        try:
-            pairs.append(PreferencePair.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, DataError) as exc:
-            raise DataError(f"{path}, line {i + 1}: not a valid preference pair: {exc}") from exc
-    return pairs
+    return read_jsonl(path, PreferencePair.from_dict, torn_tail=False, fix="delete it to rebuild the pairs")

