@@ -21,8 +21,8 @@ import pytest
 from optima_env import DataError, make
 from optima_env.io import read_episodes
 from optima_trainers.config import resolve_config
-from optima_trainers.tree_stage import finished_chunks as _finished_chunks
 from optima_trainers.runs import RunDir, read_stage_result
+from optima_trainers.tree_stage import finished_chunks as _finished_chunks
 from optima_trainers.types import PreferencePair, read_pairs
 
 BAD_UTF8 = b'{"caf\xe9": 1}'

@@ -12,8 +12,8 @@ def gpt2_policy():
     """A tiny random GPT-2 (outside the backend's fast path) with the embedded tokenizer."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from optima_env.models import ensure_embedded_model
     from optima_env.backends.keyed import KeyedSamplingPolicy
+    from optima_env.models import ensure_embedded_model
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
     config = transformers.GPT2Config(

@@ -60,7 +60,10 @@ def test_print_config_resolves_preset_and_flags(capsys: pytest.CaptureFixture[st
     ("argv", "message"),
     [
         (["--set", "reward.lambda_token=-1"], "lambda_token must be a number >= 0, got -1.0"),
-        (["--set", "selection.theta=abc"], "config field 'selection.theta': expected a number (float), got 'abc'"),
+        (
+            ["--set", "selection.theta=abc"],
+            "config field 'selection.theta': expected a number (float), got 'abc'",
+        ),
         (["--set", "reward.lamda_token=1"], "did you mean reward.lambda_token"),
         (["--set", "sft.lora"], "--set expects NAME=VALUE"),
         (["--lambda-loss", "-2"], "lambda_loss must be a number >= 0"),

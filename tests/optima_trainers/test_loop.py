@@ -121,7 +121,7 @@ def idpo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Recor
 
 
 def test_idpo_runs_init_sft_then_rpo_stage(idpo_run) -> None:
-    run, config, recorder, metrics = idpo_run
+    run, config, _, metrics = idpo_run
     assert config.dpo.rpo_alpha == 1.0 and config.tree.normalizer_percentile == 85.0
     assert [m["stage"] for m in metrics] == ["iter_00", "iter_01"]
     dpo = run / "iter_01"
