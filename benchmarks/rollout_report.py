@@ -11,25 +11,36 @@ _RATIOS = (("tokens_per_s", "wall"), ("tokens_per_cpu_s", "cpu"), ("episodes_per
 
 
 def summarize(cfg: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Rows with ratios to the naive loop, the two targets, and the Markdown table.
+    """Rows with ratios to the naive loop and shares of the GEMM limit, the targets, and the table.
 
     Ratios come on wall-clock time and on CPU time (user + system of the phase's processes): on a
-    machine shared with other work, the CPU-time ratio is the steadier of the two.
+    machine shared with other work, the CPU-time ratio is the steadier of the two. A row's
+    ``of_gemm_limit`` is its tokens/s over the fp32 GEMM-bound rate at its batch size (the
+    ``gemm`` phase, measured in the same run; the nearest batch measured when its own is not).
     """
     naive = results.get("naive", {})
+    limits = results.get("gemm", {}).get("limits", {})
     rows = []
     for name, r in results.items():
         row = {"phase": name, **r}
-        if name != "roofline":
+        if name not in ("roofline", "gemm"):
             for key, label in _RATIOS:
                 if naive.get(key) and r.get(key):
                     row[f"x_naive_{label}"] = r[key] / naive[key]
+            limit = _limit_at(limits, r.get("batch"))
+            if limit and r.get("tokens_per_s"):
+                row["of_gemm_limit"] = r["tokens_per_s"] / limit
         rows.append(row)
     engine, vllm = results.get("engine", {}), results.get("vllm", {})
 
-    def ratio(a: dict[str, Any], b: dict[str, Any], key: str) -> float | None:
-        return a[key] / b[key] if a.get(key) and b.get(key) else None
+    def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str) -> float | None:
+        return a[key] / b[key] if a and b and a.get(key) and b.get(key) else None
 
+    best_engine = _best(results, "engine")
+    best_int8 = _best(results, "ct2_int8")
+    f32_shares = [
+        r["of_gemm_limit"] for r in rows if r["phase"].startswith("ct2_float32") and "of_gemm_limit" in r
+    ]
     targets = {
         "engine_vs_naive": ratio(engine, naive, "tokens_per_s"),
         "engine_vs_naive_cpu": ratio(engine, naive, "tokens_per_cpu_s"),
@@ -37,38 +48,75 @@ def summarize(cfg: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
         "engine_vs_vllm": ratio(engine, vllm, "tokens_per_s"),
         "engine_vs_vllm_cpu": ratio(engine, vllm, "tokens_per_cpu_s"),
         "engine_vs_vllm_target": 1.0,
+        "ct2_int8_vs_naive": ratio(best_int8, naive, "tokens_per_s"),
+        "ct2_int8_vs_naive_target": 20.0,
+        "ct2_int8_vs_engine": ratio(best_int8, best_engine, "tokens_per_s"),
+        "ct2_int8_vs_engine_target": 3.0,
+        "ct2_float32_of_gemm_limit": max(f32_shares) if f32_shares else None,
+        "ct2_float32_of_gemm_limit_target": 0.5,
     }
     return {"config": cfg, "phases": rows, "targets": targets, "table": _table(cfg, rows, targets)}
+
+
+def _best(results: dict[str, dict[str, Any]], base: str) -> dict[str, Any] | None:
+    """The fastest row (tokens/s) among ``base`` and ``base_b<N>``."""
+    found = [
+        r for n, r in results.items() if (n == base or n.startswith(base + "_b")) and r.get("tokens_per_s")
+    ]
+    return max(found, key=lambda r: r["tokens_per_s"], default=None)
+
+
+def _limit_at(limits: dict[str, Any], batch: Any) -> float | None:
+    if not limits or not isinstance(batch, int):
+        return None
+    nearest = min(limits, key=lambda b: abs(int(b) - batch))
+    return limits[nearest]["tokens_per_s"]
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
     return "" if value is None else format(value, spec)
 
 
+def _pct(value: Any) -> str:
+    return "" if value is None else f"{100 * value:.0f}%"
+
+
 def _table(c: dict[str, Any], rows: list[dict[str, Any]], targets: dict[str, Any]) -> str:
     lines = [
         f"Rollout throughput: {c['model']} on {c['task']} ({c['split']}), {c['episodes']} episodes "
-        f"({c['samples']} samples per instance), concurrency {c['concurrency']}, "
+        f"({c['samples']} samples per instance), concurrency {c['concurrency']} (or the phase's _b<N>), "
         f"max {c['max_turns']} turns, {c['max_new_tokens']} new tokens per turn (fixed), "
         f"T={c['temperature']}, {c['threads']} threads.",
         "",
-        "| phase | backend | episodes | turns | tokens/s | tokens/CPU-s | episodes/s | x naive tok/s "
-        "| x naive tok/CPU-s | x naive ep/s | start-up s | peak RSS GB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| phase | backend | batch | episodes | turns | tokens/s | tokens/CPU-s | episodes/s | x naive tok/s "
+        "| x naive tok/CPU-s | x naive ep/s | of GEMM limit | start-up s | peak RSS GB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['phase']} | skipped: {r['skipped']} |" + "  |" * 10)
+            lines.append(f"| {r['phase']} | skipped: {r['skipped']} |" + "  |" * 12)
             continue
-        if r["phase"] == "roofline":
+        if r["phase"] in ("roofline", "gemm"):
             continue
         lines.append(
-            f"| {r['phase']} | {r.get('backend', '')} | {r.get('episodes', '')} | {r.get('turns', '')} "
-            f"| {_fmt(r.get('tokens_per_s'))} | {_fmt(r.get('tokens_per_cpu_s'))} "
+            f"| {r['phase']} | {r.get('backend', '')} | {r.get('batch', '')} | {r.get('episodes', '')} "
+            f"| {r.get('turns', '')} | {_fmt(r.get('tokens_per_s'))} | {_fmt(r.get('tokens_per_cpu_s'))} "
             f"| {_fmt(r.get('episodes_per_s'), '.3f')} | {_fmt(r.get('x_naive_wall'))} "
             f"| {_fmt(r.get('x_naive_cpu'))} | {_fmt(r.get('x_naive_episodes'))} "
-            f"| {_fmt(r.get('startup_s'))} | {_fmt(r.get('peak_rss_gb'), '.2f')} |"
+            f"| {_pct(r.get('of_gemm_limit'))} | {_fmt(r.get('startup_s'))} "
+            f"| {_fmt(r.get('peak_rss_gb'), '.2f')} |"
         )
+    gemm = next((r for r in rows if r["phase"] == "gemm" and "limits" in r), None)
+    if gemm:
+        limits = ", ".join(
+            f"batch {b}: {_fmt(v['tokens_per_s'])} tok/s ({_fmt(v['gflops'])} GFLOP/s)"
+            for b, v in sorted(gemm["limits"].items(), key=lambda kv: int(kv[0]))
+        )
+        lines += [
+            "",
+            f"GEMM-bound limit (fp32 torch matmuls on the model's shapes, "
+            f"{gemm['params_per_token'] / 1e6:.1f}M parameters per token): {limits}.",
+        ]
     roof = next((r for r in rows if r["phase"] == "roofline" and "tokens_per_s" in r), None)
     if roof:
         lines += [
@@ -80,12 +128,16 @@ def _table(c: dict[str, Any], rows: list[dict[str, Any]], targets: dict[str, Any
             f"({_fmt(roof.get('tokens_per_cpu_s_transformers_default'))} per CPU-s) with transformers' "
             f"default cache and attention (peak RSS {_fmt(roof.get('peak_rss_gb'), '.2f')} GB).",
         ]
+    t = targets
     lines += [
         "",
-        f"Targets: engine / naive = {_fmt(targets['engine_vs_naive'])} on wall-clock time, "
-        f"{_fmt(targets['engine_vs_naive_cpu'])} on CPU time (target >= 10); engine / vLLM = "
-        f"{_fmt(targets['engine_vs_vllm'], '.2f')} on wall-clock time, "
-        f"{_fmt(targets['engine_vs_vllm_cpu'], '.2f')} on CPU time (target >= 1).",
+        f"Targets: engine / naive = {_fmt(t['engine_vs_naive'])} on wall-clock time, "
+        f"{_fmt(t['engine_vs_naive_cpu'])} on CPU time (target >= 10); engine / vLLM = "
+        f"{_fmt(t['engine_vs_vllm'], '.2f')} on wall-clock time, "
+        f"{_fmt(t['engine_vs_vllm_cpu'], '.2f')} on CPU time (target >= 1); CTranslate2 int8 (best "
+        f"batch) / naive = {_fmt(t['ct2_int8_vs_naive'])} (target >= 20), / engine (best batch) = "
+        f"{_fmt(t['ct2_int8_vs_engine'], '.2f')} (target >= 3); CTranslate2 float32 (best batch) = "
+        f"{_pct(t['ct2_float32_of_gemm_limit'])} of the GEMM limit (target >= 50%).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -100,8 +152,12 @@ def plot(path: Path, summary: dict[str, Any]) -> None:
     except ImportError:  # pragma: no cover - matplotlib is in the train extra
         return
     rows = [r for r in summary["phases"] if r.get("tokens_per_s")]
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig, ax = plt.subplots(figsize=(6, 1 + 0.3 * len(rows)))
     ax.barh([r["phase"] for r in rows], [r["tokens_per_s"] for r in rows])
+    gemm = next((r for r in summary["phases"] if r["phase"] == "gemm" and "limits" in r), None)
+    for batch, limit in sorted((gemm or {}).get("limits", {}).items(), key=lambda kv: int(kv[0])):
+        ax.axvline(limit["tokens_per_s"], linestyle="--", linewidth=1, color="gray")
+        ax.annotate(f"fp32 GEMM limit, batch {batch}", (limit["tokens_per_s"], 0), rotation=90, fontsize=6)
     ax.set_xlabel("generated tokens / s (wall clock)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -22,13 +22,14 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from optima_env.errors import TaskContractError
 
 __all__ = [
     "ChatPolicy",
     "GenerationRequest",
+    "PerAgentPolicy",
     "SamplingParams",
     "ScriptedPolicy",
     "finish_reply",
@@ -172,3 +173,70 @@ class ScriptedPolicy:
             return turns[k]
 
         return cls(reply)
+
+
+class PerAgentPolicy:
+    """A different policy (model, LoRA adapter, backend) per agent role, as one :class:`ChatPolicy`.
+
+    Each batch is split by ``request.agent``: every agent's requests go to its own policy in one
+    call, and the replies come back in request order, so :func:`optima_env.rollout.rollout`
+    batches exactly as with a single policy. Agents missing from ``policies`` use ``default``.
+
+    Args:
+        policies: agent name -> policy (e.g. ``{"Alice": trained, "Bob": frozen_base}``).
+        default: the policy of every other agent (``None``: each agent must be listed).
+
+    >>> alice = ScriptedPolicy(lambda r: "<A>1</A>")
+    >>> bob = ScriptedPolicy(lambda r: "<A>2</A>")
+    >>> both = PerAgentPolicy({"Alice": alice, "Bob": bob})
+    >>> both.generate([GenerationRequest(messages=[], prefix=f"{a}:", agent=a) for a in ("Bob", "Alice")],
+    ...               SamplingParams())
+    ['Bob: <A>2</A>', 'Alice: <A>1</A>']
+    """
+
+    def __init__(self, policies: Mapping[str, ChatPolicy], default: ChatPolicy | None = None) -> None:
+        if not policies and default is None:
+            raise TaskContractError("PerAgentPolicy needs at least one policy (per agent, or a default)")
+        self.policies = dict(policies)
+        self.default = default
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer that counts turns: the default policy's, else the first listed one's."""
+        for policy in (self.default, *self.policies.values()):
+            if policy is not None and getattr(policy, "tokenizer", None) is not None:
+                return policy.tokenizer
+        return None
+
+    def policy_for(self, agent: str) -> ChatPolicy:
+        """The policy that speaks for ``agent``."""
+        policy = self.policies.get(agent, self.default)
+        if policy is None:
+            raise TaskContractError(
+                f"no policy for agent {agent!r}; PerAgentPolicy has {sorted(self.policies)} and no default: "
+                "add it, or give a default policy"
+            )
+        return policy
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[str]:
+        groups: dict[int, tuple[ChatPolicy, list[int]]] = {}
+        for i, request in enumerate(requests):
+            policy = self.policy_for(request.agent)
+            groups.setdefault(id(policy), (policy, []))[1].append(i)
+        replies: list[str | None] = [None] * len(requests)
+        for policy, positions in groups.values():
+            out = policy.generate([requests[i] for i in positions], sampling)
+            if len(out) != len(positions):
+                raise TaskContractError(
+                    f"a per-agent policy returned {len(out)} replies for {len(positions)} requests"
+                )
+            for i, reply in zip(positions, out):
+                replies[i] = reply
+        return [r for r in replies if r is not None]
+
+    def close(self) -> None:
+        """Close every policy that can be closed (vLLM engines)."""
+        for policy in {id(p): p for p in (self.default, *self.policies.values()) if p is not None}.values():
+            close = getattr(policy, "close", None)
+            if callable(close):
+                close()

@@ -56,10 +56,14 @@ class TrainerBackend:
     """The run's configuration."""
     data: dict[str, StageData]
     """Stage name -> what the host delivered for it (``optima_generation_end``)."""
+    pm: Any
+    """The run's plugin manager (set by the host after building the backend; an online backend
+    fires ``optima_episode_scored`` on it for the conversations it plays)."""
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
         self.data = {}
+        self.pm = None
 
     def stages(self, config: TrainConfig) -> list[Stage]:
         """The stages of a run, in order."""

@@ -47,7 +47,7 @@ from optima_env.types import Episode
 from optima_trainers.checkpoint import discard_partial, is_complete, require_complete, train_metrics
 from optima_trainers.config import TrainConfig, check_options
 from optima_trainers.faults import fault_point
-from optima_trainers.runs import RunDir, read_stage_result
+from optima_trainers.runs import RunDir, read_instances, read_stage_result
 from optima_trainers.sample_stage import generate_sample_stage, read_sample_stage
 from optima_trainers.stages import Stage, StageData, StageOutcome, stage_seed
 from optima_trainers.tree_stage import generate_tree_stage, read_tree_stage
@@ -117,6 +117,7 @@ class IterativeTrainer:
         self.pm = pm or get_plugin_manager()
         _builtin_plugin(self.pm)
         self.spec, self.backend = _backend(config, self.pm)
+        self.backend.pm = self.pm  # an online backend fires the episode hooks itself
         self.progress = progress
         self.task = make_task(config.task, pm=self.pm, **dict(config.task_kwargs))
         self.num_train = len(self.task.samples(config.split))
@@ -205,7 +206,9 @@ class IterativeTrainer:
             done = folder / "result.json"
             if not done.is_file():
                 self._verify_model(model)
-                wanted = folder / ("selected.jsonl" if stage.generate == "samples" else "pairs.jsonl")
+                wanted = folder / {"samples": "selected.jsonl", "tree": "pairs.jsonl"}.get(
+                    stage.generate, "instances.json"
+                )
                 _wait_for(wanted, done)
                 if not done.is_file():
                     self._deliver(stage, folder)
@@ -299,6 +302,9 @@ class IterativeTrainer:
         """Generate (or resume) the stage's data into ``folder``; returns the cursor after it."""
         cfg = self.config
         seed = stage_seed(cfg.seed, stage.name)
+        if stage.generate == "none":  # an online backend: it only needs the stage's instances
+            write_json_atomic(folder / "instances.json", self._indices(cursor, cfg.generation.instances))
+            return cursor + cfg.generation.instances
         if stage.generate == "tree":
             tree_start = cursor + cfg.tree.normalizer_instances
             if not (folder / "pairs.jsonl").is_file():
@@ -358,7 +364,10 @@ class IterativeTrainer:
 
     def _deliver(self, stage: Stage, folder: Path) -> StageData:
         """Read the stage's data back from disk and fire ``optima_generation_end`` with it."""
-        if stage.generate == "tree":
+        if stage.generate == "none":
+            indices = read_instances(folder / "instances.json")
+            data = StageData(stage=stage, folder=folder, instances=tuple(indices))
+        elif stage.generate == "tree":
             episodes, pairs, metrics = read_tree_stage(folder, self.config)
             data = StageData(
                 stage=stage, folder=folder, episodes=tuple(episodes), pairs=tuple(pairs), metrics=metrics

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -31,7 +32,7 @@ from optima_env.errors import DataError, TaskContractError
 from optima_env.io import append_jsonl, read_json_object, read_jsonl, read_text, write_json_atomic
 from optima_trainers.config import TrainConfig
 
-__all__ = ["RunDir", "default_run_name", "read_json", "read_stage_result"]
+__all__ = ["RunDir", "default_run_name", "read_instances", "read_json", "read_stage_result"]
 
 _RESULT_FIELDS = {"model": str, "cursor_end": int, "metrics": dict}
 
@@ -59,6 +60,20 @@ def read_stage_result(path: str | os.PathLike[str]) -> dict[str, Any]:
             got = f"expected {type_.__name__}, got {type(value).__name__}" if name in record else "missing"
             raise DataError(f"{path}: field '{name}': {got}; delete it to rerun that stage's last phase")
     return record
+
+
+def read_instances(path: str | os.PathLike[str]) -> list[int]:
+    """A stage's ``instances.json`` (a JSON list of split positions); :class:`DataError` names the file."""
+    text = read_text(path)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: invalid JSON ({exc}); delete it to redo the stage") from exc
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise DataError(
+            f"{path}: expected a JSON list of ints, got {text[:60]!r}; delete it to redo the stage"
+        )
+    return value
 
 
 class RunDir:

@@ -2,7 +2,8 @@
 
 A run is a list of :class:`Stage` s that the backend declares. For each stage the host generates
 (``generate="samples"``: N conversations per instance, scored per instance group and selected;
-``"tree"``: the token normalizer, the MCTS turn trees, their preference pairs), persists the
+``"tree"``: the token normalizer, the MCTS turn trees, their preference pairs; ``"none"``: only the
+stage's instances, for a backend that generates online), persists the
 result, and delivers it as a :class:`StageData` through the ``optima_generation_end`` hook; the
 backend trains and answers ``optima_train_stage`` with a :class:`StageOutcome`.
 """
@@ -32,8 +33,9 @@ class Stage:
     """What it trains, as a label of the metrics (``sft``, ``dpo``, or a backend's own)."""
     number: int
     """Position in the run (the ``iteration`` of the iteration hooks)."""
-    generate: Literal["samples", "tree"] = "samples"
-    """What the host generates for it: sampled conversations, or tree-search pairs."""
+    generate: Literal["samples", "tree", "none"] = "samples"
+    """What the host generates for it: sampled conversations, tree-search pairs, or nothing (an
+    online backend such as ``grpo`` plays its own conversations on the stage's instances)."""
     init: bool = False
     """The initialization: format-diverse prompt pool, ``generation.init_temperature``."""
     start: Literal["previous", "base"] = "previous"
@@ -59,6 +61,8 @@ class StageData:
     """Samples stages: the episodes the selection hook chose (iSFT: best per instance, top 70%, θ)."""
     pairs: tuple[PreferencePair, ...] = ()
     """Tree stages: the preference pairs kept (top fraction per tree)."""
+    instances: tuple[int, ...] = ()
+    """The training instances (split positions) the stage covers (``generate="none"`` stages)."""
     metrics: Mapping[str, float] = field(default_factory=dict)
     """The generation's own metrics (``rollout/*``, ``select/*``, ``mcts/*``)."""
 

@@ -188,11 +188,13 @@ def test_the_ct2_scorer_equals_the_transformers_scorer_on_a_tiny_model(tiny, tin
     assert got == pytest.approx(expected, abs=1e-4)
 
 
-def test_the_ct2_scorer_is_registered() -> None:
-    from optima_env.backends import ct2_readability
+def test_the_ct2_scorer_is_registered_through_its_entry_point() -> None:
+    from optima_env import get_plugin_manager
+    from optima_env.registry import readability_specs
 
-    (spec,) = ct2_readability.optima_register_readability_scorers()
-    assert spec.name == "ct2" and spec.factory == CTranslate2LMLoss.from_pretrained
+    specs = readability_specs(get_plugin_manager())
+    assert {"transformers", "ct2"} <= set(specs)
+    assert specs["ct2"].factory == CTranslate2LMLoss.from_pretrained
 
 
 # -- the embedded model ----------------------------------------------------------------------------
