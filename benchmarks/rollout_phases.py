@@ -121,7 +121,7 @@ def _play(cfg: Any, policy: Any, tokenizer: Any, *, naive: bool, concurrency: in
     seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu
     turns = sum(len(e.turns) for e in episodes)
     return {
-        "batch": 1 if naive else concurrency,
+        "batch": 1 if naive else min(concurrency, len(jobs)),  # episodes in flight at most
         "episodes": len(episodes),
         "turns": turns,
         "generated_tokens": turns * cfg.max_new_tokens,

@@ -205,7 +205,31 @@ def resolve_from_args(ns: argparse.Namespace, pm: Any) -> tuple[Any, Any]:
     )
     if ns.print_config:
         return config, None
-    return config, RunDir.create(config, run_dir=ns.run_dir, base=ns.runs_root)
+    return config, _create_run(config, ns)
+
+
+def _create_run(config: Any, ns: argparse.Namespace) -> Any:
+    """A new run folder; under ``accelerate launch`` with several processes the main process
+    creates it and the others open it (its path is broadcast, so every process agrees on the
+    default name even when their clocks read different seconds)."""
+    from optima_trainers.runs import RunDir
+    from optima_trainers.sft import world_size
+
+    if world_size() == 1:
+        return RunDir.create(config, run_dir=ns.run_dir, base=ns.runs_root)
+    import torch
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    state = PartialState(cpu=not torch.cuda.is_available())  # as the trainers' own TrainingArguments
+    root = (
+        [str(RunDir.create(config, run_dir=ns.run_dir, base=ns.runs_root).root)]
+        if state.is_main_process
+        else [None]
+    )
+    broadcast_object_list(root)
+    run, _ = RunDir.open(root[0])
+    return run
 
 
 def _set_threads(threads: int | None) -> None:

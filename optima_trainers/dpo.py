@@ -28,7 +28,9 @@ from typing import Any
 from optima_env.errors import DataError, TaskContractError, require
 from optima_env.io import write_json_atomic
 from optima_trainers.checkpoint import TrainResult, atomic_checkpoint, is_complete
+from optima_trainers.faults import fault_point
 from optima_trainers.pairs import pairs_to_dpo_dataset
+from optima_trainers.sft import world_size
 from optima_trainers.types import PreferencePair
 
 __all__ = ["LOG_FILE", "DPOTrainConfig", "dpo_args", "train_dpo"]
@@ -53,7 +55,7 @@ class DPOTrainConfig:
     epochs: float = 1.0
     """Epochs per stage."""
     batch_size: int = 64
-    """Effective batch in pairs (per-device batch × gradient accumulation × devices)."""
+    """Effective batch in pairs (per-device batch × gradient accumulation × processes)."""
     per_device_batch_size: int = 1
     """Pairs per device per forward pass (capped at ``batch_size``)."""
     max_length: int = 4096
@@ -122,7 +124,7 @@ def dpo_args(
     torch = require("torch", "train")
     trl = require("trl", "train")
     per_device = min(config.per_device_batch_size, config.batch_size)
-    accumulation = max(1, math.ceil(config.batch_size / per_device))
+    accumulation = max(1, math.ceil(config.batch_size / (per_device * world_size())))
     if config.rpo_alpha is None:
         losses: dict[str, Any] = {"loss_type": ["sigmoid"]}
     else:
@@ -152,6 +154,16 @@ def dpo_args(
         max_steps=config.max_steps if config.max_steps is not None else -1,
         **config.extra_args,
     )
+
+
+def _fault_callback_class() -> Any:
+    transformers = require("transformers", "train")
+
+    class FaultCallback(transformers.TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            fault_point("train_step")
+
+    return FaultCallback
 
 
 def _prompt_tokens(tokenizer: Any, messages: Sequence[dict[str, str]]) -> int:
@@ -254,6 +266,7 @@ def train_dpo(
         eval_dataset=datasets.Dataset.from_list(eval_rows) if config.evaluate and eval_rows else None,
         processing_class=tokenizer,
         peft_config=peft_config,
+        callbacks=[_fault_callback_class()()],
     )
     output = trainer.train()
     metrics: dict[str, float] = {"num_dropped": float(dropped)}
@@ -265,19 +278,28 @@ def train_dpo(
     if config.evaluate and eval_rows:
         metrics["eval_loss"] = float(trainer.evaluate()["eval_loss"])
 
-    trained = trainer.model.merge_and_unload() if config.lora else trainer.model
-    trained.eval()
+    metrics["wall_time_s"] = time.perf_counter() - start
+    result = TrainResult(
+        checkpoint=str(output_dir),
+        train_loss=float(output.training_loss) if output.global_step else None,
+        steps=int(output.global_step),
+        num_examples=len(train_rows),
+        metrics=metrics,
+    )
+    accelerator = trainer.accelerator
+    if not accelerator.is_main_process:  # under accelerate launch only the main process writes
+        if not config.lora:
+            trainer.save_model(str(output_dir.parent / f".{output_dir.name}.tmp-write"))  # ZeRO-3 gather
+        accelerator.wait_for_everyone()
+        return result
     with atomic_checkpoint(output_dir) as (tmp, finish):
-        trained.save_pretrained(tmp)
+        if config.lora:
+            accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(tmp)
+        else:
+            trainer.save_model(str(tmp))  # gathers the weights under DeepSpeed ZeRO-3
         tokenizer.save_pretrained(tmp)
         write_json_atomic(tmp / LOG_FILE, trainer.state.log_history)
-        metrics["wall_time_s"] = time.perf_counter() - start
-        result = TrainResult(
-            checkpoint=str(output_dir),
-            train_loss=float(output.training_loss) if output.global_step else None,
-            steps=int(output.global_step),
-            num_examples=len(train_rows),
-            metrics=metrics,
-        )
+        fault_point("checkpoint")
+        accelerator.wait_for_everyone()
         finish(result)
     return result

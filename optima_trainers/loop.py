@@ -395,7 +395,7 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _wait_for(path: Path, *alternatives: Path, poll_s: float = 5.0) -> Path:
+def _wait_for(path: Path, *alternatives: Path, poll_s: float = 1.0) -> Path:
     """Block until ``path`` (or one of ``alternatives``) exists; returns ``path``."""
     while not path.exists() and not any(a.exists() for a in alternatives):
         time.sleep(poll_s)

@@ -35,6 +35,18 @@ def _factory(name: str) -> Any:
     return factory
 
 
+def _grpo_backend(config: Any) -> Any:
+    from optima_trainers.grpo import GRPOBackend
+
+    return GRPOBackend(config)
+
+
+def _grpo_options() -> type:
+    from optima_trainers.grpo import GRPOOptions  # no torch at import: TRL is imported when training
+
+    return GRPOOptions
+
+
 @hookimpl
 def optima_register_trainers() -> list[TrainerSpec]:
     return [
@@ -49,6 +61,13 @@ def optima_register_trainers() -> list[TrainerSpec]:
             factory=_factory("idpo"),
             description="Iterative DPO: MCTS turn trees, best-vs-worst sibling pairs, RPO loss (spec §6).",
             defaults={"dpo.rpo_alpha": 1.0, "tree.normalizer_percentile": 85.0},
+            profiles={"cpu": {"iterations": 1}},
+        ),
+        TrainerSpec(
+            name="grpo",
+            factory=_grpo_backend,
+            description="GRPO (TRL's GRPOTrainer) on the Optima reward, both agents' turns trained online.",
+            config_class=_grpo_options(),
             profiles={"cpu": {"iterations": 1}},
         ),
         TrainerSpec(

@@ -4,7 +4,8 @@ GRPO needs, for each prompt, a group of ``num_generations`` completions with rew
 names one (instance, agent) of a task (:func:`grpo_prompts`), and :class:`OptimaRollout` (TRL's
 ``rollout_func``) answers it:
 
-* it plays the instance's ``num_generations`` conversations with the model being trained (and,
+* TRL passes each prompt ``num_generations`` times in a row (one GRPO group); the k-th copy gets
+  the k-th of the instance's ``num_generations`` conversations, played with the model being trained (and,
   when given, a frozen policy for the roles that do not train), all with the same env seed, so a
   group is the N samples of one instance on the same dealing of evidence; the conversations of an
   instance are played once per optimizer step and shared by its agents' prompts;
@@ -35,7 +36,7 @@ from optima_env.errors import TaskContractError
 from optima_env.policy import ChatPolicy, PerAgentPolicy, SamplingParams, speaker_stops
 from optima_env.readability import episode_lm_losses
 from optima_env.reward import RewardConfig, score_group
-from optima_env.rollout import make_jobs, rollout
+from optima_env.rollout import RolloutJob, job_seed, rollout
 from optima_env.task import Task
 from optima_env.types import Episode
 from optima_trainers.sft_data import conversation_messages, tokenize_with_mask
@@ -148,10 +149,17 @@ class OptimaRollout:
         """Play and score ``num_generations`` conversations of each instance (one batch)."""
         speaker = PerAgentPolicy(self.frozen, default=policy) if self.frozen else policy
         seed = zlib.crc32(f"optima-grpo/{self.seed}/{step}".encode()) & 0x7FFFFFFF
+        # a group shares its env seed (the same dealing of evidence); the request key tells samples apart
+        jobs = [
+            RolloutJob(index=i, sample=s, seed=job_seed(seed, i, 0))
+            for i in indices
+            for s in range(self.num_generations)
+        ]
         episodes = rollout(
             self.task,
             speaker,
-            jobs=make_jobs(list(indices), self.num_generations, seed),
+            jobs=jobs,
+            request_key=lambda job, turn: (job.seed, job.sample, turn),
             sampling=self.sampling,
             concurrency=len(indices) * self.num_generations,
             env_kwargs={
@@ -194,8 +202,11 @@ class OptimaRollout:
             k: [] for k in ("prompt_ids", "completion_ids", "env_mask", "optima_reward", "optima_task",
                             "optima_token", "optima_readability", "optima_tokens")
         }  # fmt: skip
-        for _, index, agent in parsed:
-            for episode in self.episodes[(step, index)]:
+        seen: dict[tuple[int, str], int] = {}
+        for _, index, agent in parsed:  # TRL repeats each prompt num_generations times: one sample each
+            k = seen[(index, agent)] = seen.get((index, agent), -1) + 1
+            group = self.episodes[(step, index)]
+            for episode in (group[k % len(group)],):
                 prompt, completion, mask = sequences(
                     episode, agent, self.tokenizer, message_format=self.message_format,
                     max_length=self.max_completion_length,
