@@ -174,8 +174,9 @@ class TrainConfig:
     """Keyword arguments of the task factory (e.g. ``{"hops": 3}``)."""
     dtype: str = "float32"
     """Model dtype (``float32`` on CPUs without bf16)."""
-    report_to: Literal["none", "tensorboard", "wandb"] = "none"
-    """Where TRL reports training metrics."""
+    report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"
+    """Where TRL reports training metrics, and the host loop each stage's metrics (score, tokens
+    per agent, reward terms, selection and training summaries): :mod:`optima_trainers.tracking`."""
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     """How conversations are sampled."""
     reward: RewardConfig = field(default_factory=RewardConfig)

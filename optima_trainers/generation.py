@@ -129,13 +129,25 @@ def score_episodes(
 
 
 def episode_summary(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Mean reward, task score, tokens and turns of a set of scored episodes (namespaced names)."""
+    """Mean reward (and its terms), task score, tokens (in all and per agent) and turns of a set of
+    scored episodes, with namespaced names (``rollout/tokens/Alice``, ``reward/readability``)."""
     n = max(1, len(episodes))
-    rewards = [e.reward.total for e in episodes if e.reward is not None]
+    rewards = [e.reward for e in episodes if e.reward is not None]
+    agents = dict.fromkeys(a for e in episodes for a in e.agents)
     return {
         "rollout/episodes": float(len(episodes)),
         "rollout/task_score": sum(e.task_score for e in episodes) / n,
         "rollout/tokens": sum(e.num_tokens for e in episodes) / n,
         "rollout/turns": sum(len(e.turns) for e in episodes) / n,
-        "reward/total": sum(rewards) / max(1, len(rewards)),
+        **{
+            f"rollout/tokens/{agent}": sum(
+                t.num_tokens for e in episodes for t in e.turns if t.agent == agent
+            )
+            / n
+            for agent in agents
+        },
+        **{
+            f"reward/{term}": sum(getattr(r, term) for r in rewards) / max(1, len(rewards))
+            for term in ("total", "task", "token", "readability")
+        },
     }

@@ -129,10 +129,19 @@ class IterativeTrainer:
     def _registered(self) -> Iterator[None]:
         name = f"optima-trainer-backend:{self.config.trainer}"
         self.pm.register(self.backend, name=name)
+        tracker = None
+        if self.config.report_to != "none" and _rank() == 0:
+            from optima_trainers.tracking import StageTracker
+
+            tracker = StageTracker(self.config.report_to, self.run_dir.root)
+            self.pm.register(tracker, name="optima-stage-tracker")
         try:
             yield
         finally:
             self.pm.unregister(self.backend)
+            if tracker is not None:
+                self.pm.unregister(tracker)
+                tracker.close()
 
     def stages(self) -> list[Stage]:
         """The run's stages, as the backend declares them (``optima_trainer_stages``)."""

@@ -96,15 +96,19 @@ def world_size() -> int:
 
 def check_report_to(report_to: str) -> None:
     """Fail early, with the install command, when the requested tracker is not installed."""
-    module = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(report_to)
+    module = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}.get(report_to)
     if module is None:
         if report_to != "none":
-            raise TaskContractError(f"report_to must be none, tensorboard or wandb, got {report_to!r}")
+            raise TaskContractError(
+                f"report_to must be none, tensorboard, trackio or wandb, got {report_to!r}"
+            )
         return
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise MissingDependencyError(f"report_to={report_to!r} needs `pip install {module}`")
+        raise MissingDependencyError(
+            f"report_to={report_to!r} needs `pip install {module}` (or `pip install 'optima[track]'`)"
+        )
 
 
 def lora_config(r: int, alpha: int, dropout: float = 0.0) -> Any:

@@ -9,6 +9,9 @@ open QA (IE tasks)        :func:`normalize_answer`, :func:`f1` (SQuAD words, or 
                           tokens as in the Optima code), :func:`exact_match`
 GSM8K                     :func:`extract_gsm8k_gold`, :func:`gsm8k_equal`
 multiple choice           :func:`choice_match` (ARC-Challenge, MMLU)
+the reference code        :func:`parse_tagged_answer`, :func:`parse_boxed_answer`,
+                          :func:`normalize_final_answer`, :func:`reference_exact_match` (the
+                          parsers and exact match the ``code`` scorers use, reproduced)
 self-consistency          :func:`cluster_answers`, :func:`majority_vote`
 ========================  ==================================================================
 
@@ -27,6 +30,12 @@ from optima_env.scoring.gsm8k import extract_gsm8k_gold, gsm8k_equal
 from optima_env.scoring.math_norm import normalize_math_answer
 from optima_env.scoring.mathequiv import MAX_VERIFY_CHARS, math_equal
 from optima_env.scoring.qa import Tokenizer, exact_match, f1, normalize_answer
+from optima_env.scoring.reference import (
+    normalize_final_answer,
+    parse_boxed_answer,
+    parse_tagged_answer,
+    reference_exact_match,
+)
 
 __all__ = [
     "MAX_VERIFY_CHARS",
@@ -43,5 +52,9 @@ __all__ = [
     "majority_vote",
     "math_equal",
     "normalize_answer",
+    "normalize_final_answer",
     "normalize_math_answer",
+    "parse_boxed_answer",
+    "parse_tagged_answer",
+    "reference_exact_match",
 ]

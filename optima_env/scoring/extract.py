@@ -20,7 +20,7 @@ _SPEAKER = re.compile(r"^\s*[^\s:]{1,40}:")
 _ANSWER_PHRASE = re.compile(r"\banswer(?:\s+is|\s*:)[\s*\"']*([^\n.,;!?<>\"*]+)", re.IGNORECASE)
 
 
-def extract_tagged(text: str, tag: str = "A") -> str | None:
+def extract_tagged(text: str, tag: str = "A", *, strip: bool = True) -> str | None:
     """Return the stripped content of the last ``<tag>...</tag`` span on a single line.
 
     Same result as the reference ``re.findall(r"<A>(.*?)</A", text)[-1]`` (no DOTALL: the span
@@ -29,6 +29,8 @@ def extract_tagged(text: str, tag: str = "A") -> str | None:
     Args:
         text: The turn text.
         tag: The tag name, ``"A"`` for answers.
+        strip: Strip the content; ``False`` returns it as written (the reference parser does not
+            strip, and its termination compares the unstripped strings).
 
     Returns:
         The content of the last match, stripped (``""`` for ``<A></A>``), or ``None`` if no span
@@ -65,7 +67,9 @@ def extract_tagged(text: str, tag: str = "A") -> str | None:
             continue
         last = text[body:end]
         pos = end + len(closer)
-    return None if last is None else last.strip()
+    if last is None:
+        return None
+    return last.strip() if strip else last
 
 
 def extract_boxed(text: str) -> str | None:

@@ -202,7 +202,7 @@ def test_the_grpo_backend_runs_one_iteration_from_the_cli(tmp_path: Path) -> Non
     assert result["model"] == "iter_00/checkpoint" and (run / "iter_00" / "checkpoint" / "COMPLETE").is_file()
     metrics = result["metrics"]
     assert metrics["train/steps"] == 1 and metrics["rollout/episodes"] == 8  # 2 prompts (Alice) x 4
-    assert metrics["rollout/tokens_Alice"] > 0 and metrics["rollout/tokens_Bob"] > 0
+    assert metrics["rollout/tokens/Alice"] > 0 and metrics["rollout/tokens/Bob"] > 0
     assert "grpo/rewards/optima_task/mean" in metrics
     config = json.loads((run / "config.json").read_text())
     assert config["trainer"] == "grpo" and config["options"]["train_agents"] == ["Alice"]
