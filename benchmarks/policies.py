@@ -15,7 +15,7 @@ from typing import Any
 
 from optima_env.backends import loading as backends
 from optima_env.errors import TaskContractError
-from optima_env.policy import ChatPolicy, GenerationRequest, SamplingParams
+from optima_env.policy import ChatPolicy, GenerationRequest, PerAgentPolicy, SamplingParams
 from optima_env.scoring import extract_boxed, extract_tagged
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "check_backend_flags",
     "check_model_name",
     "load_policy",
+    "parse_agent_models",
     "token_counter_description",
 ]
 
@@ -168,6 +169,27 @@ def _openai_policy(
     return policy, transformers.AutoTokenizer.from_pretrained(resolve_model_path(tokenizer))
 
 
+def parse_agent_models(model: str) -> dict[str, str]:
+    """``"Alice=embedded,Bob=runs/x/iter_02/checkpoint"`` as ``{"Alice": ..., "Bob": ...}``; ``{}``
+    for a plain model name. A malformed spec raises :class:`TaskContractError` with an example.
+
+    >>> parse_agent_models("Alice=embedded,Bob=ckpt"), parse_agent_models("embedded")
+    ({'Alice': 'embedded', 'Bob': 'ckpt'}, {})
+    """
+    if "=" not in model or model.startswith(("http://", "https://")):
+        return {}
+    out: dict[str, str] = {}
+    for item in model.split(","):
+        agent, sep, name = item.partition("=")
+        if not sep or not agent.strip() or not name.strip() or agent.strip() in out:
+            raise TaskContractError(
+                f"--model {model!r}: a model per agent is AGENT=MODEL[,AGENT=MODEL...] with each agent once "
+                "(e.g. Alice=embedded,Bob=runs/isft/iter_02/checkpoint)"
+            )
+        out[agent.strip()] = name.strip()
+    return out
+
+
 def load_policy(
     model: str,
     *,
@@ -191,6 +213,17 @@ def load_policy(
     """
     if model == "scripted":
         return ReaderPolicy(), None
+    per_agent = parse_agent_models(model)
+    if per_agent:  # a different model per agent role: each loaded once, routed by the request's agent
+        loaded: dict[str, tuple[ChatPolicy, Any]] = {}
+        for name in dict.fromkeys(per_agent.values()):
+            loaded[name] = load_policy(
+                name, backend=backend, batch_size=batch_size, base_urls=base_urls,
+                api_key_env=api_key_env, tokenizer=tokenizer,
+            )  # fmt: skip
+        first = next(iter(per_agent.values()))
+        policies = {agent: loaded[name][0] for agent, name in per_agent.items()}
+        return PerAgentPolicy(policies), loaded[first][1]
     check_model_name(model, backend)
     if backend not in BACKENDS:
         raise TaskContractError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")

@@ -19,15 +19,17 @@ import numpy as np
 from optima_env.errors import EnvNotResetError, EpisodeOverError, TaskContractError
 from optima_env.spaces import ACTION_MAX_LENGTH
 from optima_env.task import Task
-from optima_env.types import Episode, TaskSample
+from optima_env.types import AgentView, Episode, TaskSample, Turn
 
 __all__ = [
     "RESET_OPTIONS",
     "check_action",
+    "check_env_options",
     "check_seed",
     "checked_score",
     "draw_instance",
     "episode_over",
+    "episode_record",
     "not_reset",
     "readability_loss",
 ]
@@ -56,6 +58,34 @@ def check_seed(seed: Any) -> int | None:
         f"{type(seed).__name__} {_short.repr(seed)}; pass an integer such as seed=0, or None for a "
         "random episode"
     )
+
+
+def check_env_options(
+    task: Task,
+    *,
+    max_turns: Any,
+    turn_token_cap: Any,
+    message_format: Any,
+    render_mode: Any,
+    render_modes: Sequence[str],
+    scoring: Any,
+    diverse_formats: Any,
+) -> None:
+    """The env constructor's option checks (each failure says what was expected)."""
+    if not isinstance(max_turns, int) or max_turns < 1:
+        raise TaskContractError(f"max_turns must be a positive int, got {max_turns!r}")
+    if not isinstance(turn_token_cap, int) or turn_token_cap < 1:
+        raise TaskContractError(f"turn_token_cap must be a positive int, got {turn_token_cap!r}")
+    if message_format not in ("code", "alternating"):
+        raise TaskContractError(f"message_format must be 'code' or 'alternating', got {message_format!r}")
+    if render_mode not in (None, *render_modes):
+        raise TaskContractError(f"render_mode must be None, 'human' or 'ansi', got {render_mode!r}")
+    if not isinstance(scoring, bool):
+        raise TaskContractError(f"scoring must be True or False, got {scoring!r}")
+    if diverse_formats and task.num_formats == 0:
+        raise TaskContractError(
+            f"task {task.id!r} has no format-diverse prompt pool; pass diverse_formats=False"
+        )
 
 
 def _is_int(value: Any) -> bool:
@@ -128,9 +158,50 @@ def episode_over(agent: str, action: Any, episode: Episode | None, turns: int) -
     )
 
 
-def checked_score(task: Task, answer: str | None, sample: TaskSample) -> float:
-    """The task's score of ``answer``, which must lie in [0, 1]."""
-    score = float(task.score(answer, sample))
+def episode_record(
+    task: Task,
+    sample: TaskSample,
+    *,
+    seed: int | None,
+    agents: Sequence[str],
+    turns: Sequence[Turn],
+    views: Mapping[str, AgentView],
+    final_answer: str | None,
+    task_score: float,
+    end_reason: str,
+    format_index: int | None,
+    lm_loss: float | None,
+    scorer: str,
+) -> Episode:
+    """The record of a finished episode (unscored; ``metadata["scorer"]`` names the task scorer)."""
+    terminated = end_reason == "agreement"
+    return Episode(
+        task_id=task.id,
+        sample_id=sample.id,
+        seed=seed,
+        agents=tuple(agents),
+        turns=tuple(turns),
+        final_answer=final_answer,
+        gold=tuple(sample.answers),
+        task_score=task_score,
+        terminated=terminated,
+        truncated=not terminated,
+        end_reason=end_reason,
+        num_tokens=sum(t.num_tokens for t in turns),
+        system_prompts={a: v.system_prompt for a, v in views.items()},
+        base_system_prompts={a: v.base_system_prompt for a, v in views.items()},
+        format_index=format_index,
+        lm_loss=lm_loss,
+        metadata={"scorer": scorer},
+    )
+
+
+def checked_score(task: Task, answer: str | None, sample: TaskSample, *, tokenizer: Any = None) -> float:
+    """The task's score of ``answer`` (with the policy's ``tokenizer`` when the task takes one,
+    :func:`~optima_env.families.scoring.score_with_tokenizer`), which must lie in [0, 1]."""
+    from optima_env.families.scoring import score_with_tokenizer
+
+    score = score_with_tokenizer(task, answer, sample, tokenizer)
     if not 0.0 <= score <= 1.0:
         raise TaskContractError(f"task {task.id!r} scored {score!r}; scores must lie in [0, 1]")
     return score

@@ -8,6 +8,8 @@ Conversation rules (spec §2.4, the reference code's behaviour):
 * A running *current answer*, initially empty. When a turn carries a non-empty answer (the task's
   extraction), the episode **terminates** if it equals the current answer exactly; otherwise it
   becomes the current answer. The final answer is the current answer when the episode ends.
+  ``termination="all_agents"`` (the paper's rule, spec §13 item 12) ends it instead once every
+  agent's latest answer is the same (:mod:`optima_env._termination`).
 * After ``max_turns`` turns (default 10) the episode is **truncated**.
 * A turn of ``turn_token_cap`` tokens or more (default 2000), or of more than
   ``MAX_CHARS_PER_TOKEN`` (16) characters per token of that cap whatever the counter says, is
@@ -18,7 +20,9 @@ Conversation rules (spec §2.4, the reference code's behaviour):
 
 Observations and actions are ``str`` in :class:`~optima_env.spaces.ConversationText`. An agent's
 observation is its system prompt and the transcript; :meth:`ConversationEnv.chat_messages` gives
-the same as chat messages for an LLM. All agents share the episode reward, paid when it ends
+the same as chat messages for an LLM. The task score uses the policy's tokenizer when the task
+takes one (the reference's token F1, :mod:`optima_env.families.scoring`); the scorer's name is in
+``episode.metadata["scorer"]``. All agents share the episode reward, paid when it ends
 (:mod:`optima_env.reward` with a fixed token normalizer; trainers re-score groups, and pass
 ``scoring=False`` to skip it). ``step``, ``observe``, ``last`` and ``chat_messages`` before the
 first ``reset`` raise :class:`~optima_env.errors.EnvNotResetError`. The finished
@@ -38,14 +42,18 @@ from pettingzoo import AECEnv
 
 from optima_env._env_checks import (
     check_action,
+    check_env_options,
     check_seed,
     checked_score,
     draw_instance,
     episode_over,
+    episode_record,
     not_reset,
     readability_loss,
 )
+from optima_env._termination import AnswerTracker, check_termination
 from optima_env.errors import TaskContractError
+from optima_env.families.scoring import scorer_name
 from optima_env.reward import LARGE_TURN_MARKER, RewardConfig, score_episode
 from optima_env.spaces import ACTION_MAX_LENGTH, OBSERVATION_MAX_LENGTH, ConversationText, TextObservation
 from optima_env.task import Task
@@ -73,6 +81,7 @@ class ConversationEnv(AECEnv):
             so does one longer than ``MAX_CHARS_PER_TOKEN * turn_token_cap`` characters
             (:attr:`turn_char_cap`), whatever the token counter says.
         tokenizer: the policy's tokenizer (or a token counter); ``None`` uses a regex approximation.
+            A tokenizer also scores the tasks that take one (information exchange's token F1).
         reward_config: weights and special cases of the episode reward.
         scoring: compute the episode reward (``episode.reward``, paid to every agent at the end).
             ``False``: no reward is computed: ``episode.reward`` is ``None`` and the rewards paid
@@ -84,6 +93,8 @@ class ConversationEnv(AECEnv):
         diverse_formats: draw one format instruction from the task's prompt pool per episode.
         message_format: ``code``: every turn is an ``assistant`` message (reference code);
             ``alternating``: the agent's own turns are ``assistant``, everyone else's ``user``.
+        termination: ``repeat`` (the reference: the same answer twice in a row among
+            answer-bearing turns) or ``all_agents`` (the paper: every agent's latest answer equal).
         cycle_aligned: end episodes only at the end of a rotation (the agents after the one who
             ended it pass), so that PettingZoo's ``aec_to_parallel`` can wrap the env; the episode
             record is complete as soon as it ends either way.
@@ -120,32 +131,32 @@ class ConversationEnv(AECEnv):
         readability: Callable[[Sequence[str]], Sequence[float]] | None = None,
         diverse_formats: bool = False,
         message_format: MessageFormat = "code",
+        termination: str = "repeat",
         cycle_aligned: bool = False,
         render_mode: str | None = None,
         pm: pluggy.PluginManager | None = None,
         scoring: bool = True,
     ) -> None:
         super().__init__()
-        if not isinstance(max_turns, int) or max_turns < 1:
-            raise TaskContractError(f"max_turns must be a positive int, got {max_turns!r}")
-        if not isinstance(turn_token_cap, int) or turn_token_cap < 1:
-            raise TaskContractError(f"turn_token_cap must be a positive int, got {turn_token_cap!r}")
-        if message_format not in ("code", "alternating"):
-            raise TaskContractError(f"message_format must be 'code' or 'alternating', got {message_format!r}")
-        if render_mode not in (None, *self.metadata["render_modes"]):
-            raise TaskContractError(f"render_mode must be None, 'human' or 'ansi', got {render_mode!r}")
-        if not isinstance(scoring, bool):
-            raise TaskContractError(f"scoring must be True or False, got {scoring!r}")
-        if diverse_formats and task.num_formats == 0:
-            raise TaskContractError(
-                f"task {task.id!r} has no format-diverse prompt pool; pass diverse_formats=False"
-            )
+        check_env_options(
+            task,
+            max_turns=max_turns,
+            turn_token_cap=turn_token_cap,
+            message_format=message_format,
+            render_mode=render_mode,
+            render_modes=self.metadata["render_modes"],
+            scoring=scoring,
+            diverse_formats=diverse_formats,
+        )
         self.task = task
         self.split = split
         self.max_turns = max_turns
         self.turn_token_cap = turn_token_cap
         self.turn_char_cap = MAX_CHARS_PER_TOKEN * turn_token_cap
         self.token_counter = as_token_counter(tokenizer)
+        self.tokenizer = tokenizer
+        self.termination = check_termination(termination)
+        self.scorer = scorer_name(task, tokenizer)
         self.reward_config = reward_config or RewardConfig()
         self.scoring = scoring
         self.token_normalizer = float(token_normalizer)
@@ -174,7 +185,7 @@ class ConversationEnv(AECEnv):
         self._views: dict[str, AgentView] = {}
         self._format_index: int | None = None
         self._turns: list[Turn] = []
-        self._current_answer: str | None = None
+        self._answers = AnswerTracker(self.termination, self.possible_agents)
         self._speaker_index = 0
         self._episode: Episode | None = None
 
@@ -215,7 +226,7 @@ class ConversationEnv(AECEnv):
         self._views = views
         self._format_index = format_index
         self._turns = []
-        self._current_answer = None
+        self._answers = AnswerTracker(self.termination, self.possible_agents)
         self._episode = None
         self._skip_agent_selection = None
 
@@ -318,10 +329,8 @@ class ConversationEnv(AECEnv):
             end_reason = "turn_too_long"
         else:
             answer = self.task.extract_answer(text) or None
-            if answer is not None:
-                if answer == self._current_answer:
-                    end_reason = "agreement"
-                self._current_answer = answer
+            if self._answers.update(agent, answer):
+                end_reason = "agreement"
         self._turns.append(
             Turn(index=len(self._turns), agent=agent, text=text, num_tokens=num_tokens, answer=answer)
         )
@@ -358,26 +367,20 @@ class ConversationEnv(AECEnv):
         return f"{prefix} {stripped}" if stripped else prefix
 
     def _record_episode(self, end_reason: str) -> None:
-        terminated = end_reason == "agreement"
-        sample = self.sample
-        task_score = checked_score(self.task, self._current_answer, sample)
-        episode = Episode(
-            task_id=self.task.id,
-            sample_id=sample.id,
+        final_answer = self._answers.current
+        episode = episode_record(
+            self.task,
+            self.sample,
             seed=self._seed,
-            agents=tuple(self.possible_agents),
-            turns=tuple(self._turns),
-            final_answer=self._current_answer,
-            gold=tuple(sample.answers),
-            task_score=task_score,
-            terminated=terminated,
-            truncated=not terminated,
+            agents=self.possible_agents,
+            turns=self._turns,
+            views=self._views,
+            final_answer=final_answer,
+            task_score=checked_score(self.task, final_answer, self.sample, tokenizer=self.tokenizer),
             end_reason=end_reason,
-            num_tokens=sum(t.num_tokens for t in self._turns),
-            system_prompts={a: v.system_prompt for a, v in self._views.items()},
-            base_system_prompts={a: v.base_system_prompt for a, v in self._views.items()},
             format_index=self._format_index,
             lm_loss=readability_loss(self.readability, [t.text for t in self._turns]),
+            scorer=self.scorer,
         )
         if self.scoring:
             breakdown = score_episode(episode, config=self.reward_config, normalizer=self.token_normalizer)

@@ -85,6 +85,12 @@ class RewardConfig:
     ``mcts`` zeroes the task term (MCTS scoring), ``off`` ignores it."""
     normalizer_excludes_large: bool = True
     """Per-instance max normalizer ignores trajectories with a ``large`` turn (code iSFT)."""
+    mcts_turn_scan: bool = True
+    """With ``impersonation="mcts"``: the reference's tree-search reward reads the turns in order
+    and stops at the first impersonating turn (task term 0, readability over the turns before it
+    only, 0 when there are none) or at the first repeated turn (readability 0, task term kept); a
+    trajectory over ``long_trajectory_tokens`` is not read (readability -1, task term kept).
+    ``False``: any impersonating turn zeroes the task term, readability over every turn."""
 
     def __post_init__(self) -> None:
         for name in ("lambda_token", "lambda_loss"):
@@ -137,11 +143,32 @@ def _has_repeat(turns: Sequence[Turn], agents: Sequence[str]) -> bool:
     return False
 
 
-def score_episode(episode: Episode, *, config: RewardConfig, normalizer: float) -> RewardBreakdown:
+def _scan(turns: Sequence[Turn], agents: Sequence[str], repeats: bool) -> tuple[int | None, bool]:
+    """The reference tree-search reward's loop: (first impersonating turn, a repeat came first)."""
+    seen: set[str] = set()
+    for i, turn in enumerate(turns):
+        if is_impersonating(turn, agents):
+            return i, False
+        key = _strip_prefix(turn.text, agents).lower()
+        if repeats and key in seen:
+            return None, True
+        seen.add(key)
+    return None, False
+
+
+def score_episode(
+    episode: Episode,
+    *,
+    config: RewardConfig,
+    normalizer: float,
+    turn_losses: Sequence[float] | None = None,
+) -> RewardBreakdown:
     """The reward breakdown of one episode with a given token normalizer.
 
     Without a readability score (``episode.lm_loss is None``) the readability term is 0 and the
     flag ``no_readability`` says so; a non-positive normalizer raises :class:`ScoringError`.
+    ``turn_losses`` (one per turn) lets ``mcts_turn_scan`` score the readability of the turns
+    before an impersonating one; without them ``episode.lm_loss`` (every turn) is used.
     """
     if not normalizer > 0:
         raise ScoringError(f"token normalizer must be > 0, got {normalizer!r}")
@@ -149,8 +176,23 @@ def score_episode(episode: Episode, *, config: RewardConfig, normalizer: float) 
     turns, agents = episode.turns, episode.agents
     num_tokens = episode.num_tokens
     task = float(episode.task_score)
+    lm_loss = episode.lm_loss
+    long = config.long_trajectory_tokens is not None and (
+        num_tokens > config.long_trajectory_tokens or not turns
+    )
 
-    impersonating = config.impersonation != "off" and any(is_impersonating(t, agents) for t in turns)
+    scan = config.impersonation == "mcts" and config.mcts_turn_scan
+    first: int | None = None
+    repeat = False
+    if scan:
+        if not long:
+            first, repeat = _scan(turns, agents, config.repeated_turn_zero_loss)
+        impersonating = first is not None
+        if impersonating and first:
+            lm_loss = max(turn_losses[:first]) if turn_losses is not None else episode.lm_loss
+    else:
+        impersonating = config.impersonation != "off" and any(is_impersonating(t, agents) for t in turns)
+        repeat = config.repeated_turn_zero_loss and _has_repeat(turns, agents)
     if impersonating and config.impersonation == "mcts":
         task = 0.0
         flags.append("impersonation_mcts")
@@ -165,21 +207,22 @@ def score_episode(episode: Episode, *, config: RewardConfig, normalizer: float) 
     else:
         token = -config.lambda_token * num_tokens / normalizer
 
-    if config.long_trajectory_tokens is not None and (
-        num_tokens > config.long_trajectory_tokens or not turns
-    ):
+    if long:
         readability = -1.0
         flags.append("long_trajectory" if turns else "no_turns")
-    elif config.repeated_turn_zero_loss and _has_repeat(turns, agents):
+    elif scan and first == 0:
+        readability = 0.0  # the reference scores no turn before the impersonating one
+        lm_loss = None
+    elif repeat:
         readability = 0.0
         flags.append("repeated_turn")
-    elif episode.lm_loss is None:
+    elif lm_loss is None:
         readability = 0.0
         flags.append("no_readability")
-    elif not episode.lm_loss > 0:
-        raise ScoringError(f"lm_loss must be > 0, got {episode.lm_loss!r} (episode {episode.sample_id})")
+    elif not lm_loss > 0:
+        raise ScoringError(f"lm_loss must be > 0, got {lm_loss!r} (episode {episode.sample_id})")
     else:
-        readability = config.lambda_loss / episode.lm_loss
+        readability = config.lambda_loss / lm_loss
 
     total = task + token + readability
     if impersonating and config.impersonation == "sft":
@@ -192,7 +235,7 @@ def score_episode(episode: Episode, *, config: RewardConfig, normalizer: float) 
         total=total,
         num_tokens=num_tokens,
         normalizer=float(normalizer),
-        lm_loss=episode.lm_loss,
+        lm_loss=lm_loss,
         flags=tuple(flags),
     )
 
@@ -232,11 +275,18 @@ def score_group(
     return [dataclasses.replace(e, reward=score_episode(e, config=config, normalizer=norm)) for e in episodes]
 
 
-def percentile_normalizer(token_counts: Sequence[int], percentile: float = 85.0) -> float:
+def percentile_normalizer(
+    token_counts: Sequence[int], percentile: float = 85.0, *, rounding: Literal["int", "float"] = "int"
+) -> float:
     """The MCTS token normalizer (spec §6.3): the given percentile of token counts, plus 1.
 
-    >>> percentile_normalizer([10, 20, 30, 40, 50], 50)
-    31.0
+    ``rounding="int"`` (the reference: ``int(np.percentile(counts, p)) + 1``) truncates the
+    percentile first; ``"float"`` keeps it as numpy interpolates it.
+
+    >>> percentile_normalizer([10, 20, 30, 40, 45], 50), percentile_normalizer([10, 15], 50)
+    (31.0, 13.0)
+    >>> percentile_normalizer([10, 15], 50, rounding="float")
+    13.5
     """
     import numpy as np
 
@@ -244,4 +294,7 @@ def percentile_normalizer(token_counts: Sequence[int], percentile: float = 85.0)
         raise ScoringError("percentile_normalizer needs at least one token count, got none")
     if not 0 <= percentile <= 100:
         raise ScoringError(f"percentile must lie in [0, 100], got {percentile!r}")
-    return float(np.percentile(np.asarray(token_counts, dtype=float), percentile)) + 1.0
+    if rounding not in ("int", "float"):
+        raise ScoringError(f"rounding must be 'int' or 'float', got {rounding!r}")
+    value = float(np.percentile(np.asarray(token_counts, dtype=float), percentile))
+    return float(int(value) + 1) if rounding == "int" else value + 1.0

@@ -124,6 +124,14 @@ def train_sft_stage(config: TrainConfig, data: StageData, start_model: str, outp
         max_length=config.sft.max_length,
         seed=config.seed,
     )
+    fixed = set(config.generation.agent_models)  # roles that speak with a fixed model do not train
+    if fixed:
+        examples = [e for e in examples if e.agent not in fixed]
+        counts = {
+            **counts,
+            "examples": len(examples),
+            "skipped_fixed_role": counts["examples"] - len(examples),
+        }
     metrics = {f"train/{k}": float(v) for k, v in counts.items()}
     if not examples:
         logger.warning(
@@ -149,14 +157,16 @@ def train_dpo_stage(config: TrainConfig, data: StageData, start_model: str, outp
     """DPO (RPO with ``dpo.rpo_alpha``) from ``start_model``, also the reference, on the kept pairs."""
     from optima_trainers.dpo import train_dpo
 
-    if not data.pairs:
+    fixed = set(config.generation.agent_models)  # a pair at a fixed role's turn does not train
+    pairs = [p for p in data.pairs if p.agent not in fixed]
+    if not pairs:
         logger.warning(
             "%s: no preference pair passed the filters; the model carries over unchanged", data.folder.name
         )
         return StageOutcome(result=None)
     result = train_dpo(
         model_path=start_model,
-        pairs=list(data.pairs),
+        pairs=pairs,
         config=config.dpo,
         output_dir=output_dir,
         report_to=config.report_to,

@@ -90,6 +90,10 @@ class GenerationConfig:
     its partner in most turns, and the -10 penalty would leave nothing to select."""
     message_format: Literal["code", "alternating"] = "code"
     """Roles of the turns in prompts and training examples (``code``: all ``assistant``)."""
+    agent_models: Mapping[str, str] = field(default_factory=dict)
+    """Roles that speak with a fixed model and do not train, e.g. ``{"Bob": "embedded"}`` (agent ->
+    ``embedded``, a Hugging Face name, a folder or a checkpoint). The other roles speak with the
+    model being trained, and only their turns train (SFT examples, DPO pairs)."""
 
     def __post_init__(self) -> None:
         for name in ("instances", "num_samples", "max_turns", "max_new_tokens", "concurrency"):

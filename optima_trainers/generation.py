@@ -17,10 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from optima_env.configtree import ConfigError
 from optima_env.errors import DataError
 from optima_env.io import append_jsonl, read_episodes, write_episodes
 from optima_env.policy import ChatPolicy, SamplingParams
 from optima_env.readability import episode_lm_losses
+from optima_env.registry import readability_specs
 from optima_env.reward import RewardConfig, score_group
 from optima_env.rollout import RolloutJob, rollout
 from optima_env.task import Task
@@ -29,6 +31,7 @@ from optima_trainers.faults import fault_point
 
 __all__ = [
     "episode_summary",
+    "load_readability_scorer",
     "resumable_rollout",
     "score_episodes",
     "with_readability",
@@ -151,3 +154,13 @@ def episode_summary(episodes: Sequence[Episode]) -> dict[str, float]:
             for term in ("total", "task", "token", "readability")
         },
     }
+
+
+def load_readability_scorer(config: Any, pm: Any) -> Any:
+    """The registered readability scorer ``config.readability_scorer`` on the frozen base model
+    (``readability_model``, default ``model``)."""
+    specs = readability_specs(pm)
+    name = config.readability_scorer
+    if name not in specs:
+        raise ConfigError(f"no readability scorer {name!r}; registered: {', '.join(specs) or '(none)'}")
+    return specs[name].factory(config.readability_model or config.model, dtype=config.dtype)

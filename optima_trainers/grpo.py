@@ -91,8 +91,8 @@ def train_grpo_stage(
     trl = require("trl", "train")
     datasets = require("datasets", "train")
     from optima_env.backends.loading import load_policy
+    from optima_trainers.generation import load_readability_scorer
     from optima_trainers.integrations.trl import OptimaRollout, grpo_prompts, reward_functions
-    from optima_trainers.loop import load_readability_scorer
     from optima_trainers.sft import check_report_to, lora_config, world_size
 
     options = GRPOOptions(**config.options)

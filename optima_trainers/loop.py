@@ -41,18 +41,19 @@ from optima_env.configtree import ConfigError
 from optima_env.errors import PluginError
 from optima_env.io import write_json_atomic
 from optima_env.models import resolve_model_path
-from optima_env.policy import speaker_stops
-from optima_env.registry import get_plugin_manager, make_task, readability_specs, trainer_specs
+from optima_env.policy import PerAgentPolicy, speaker_stops
+from optima_env.registry import get_plugin_manager, make_task, trainer_specs
 from optima_env.types import Episode
 from optima_trainers.checkpoint import discard_partial, is_complete, require_complete, train_metrics
 from optima_trainers.config import TrainConfig, check_options
 from optima_trainers.faults import fault_point
+from optima_trainers.generation import load_readability_scorer
 from optima_trainers.runs import RunDir, read_instances, read_stage_result
 from optima_trainers.sample_stage import generate_sample_stage, read_sample_stage
 from optima_trainers.stages import Stage, StageData, StageOutcome, stage_seed
 from optima_trainers.tree_stage import generate_tree_stage, read_tree_stage
 
-__all__ = ["IterativeTrainer", "load_readability_scorer", "plan_stages"]
+__all__ = ["IterativeTrainer", "plan_stages"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,12 @@ class IterativeTrainer:
         self.backend.pm = self.pm  # an online backend fires the episode hooks itself
         self.progress = progress
         self.task = make_task(config.task, pm=self.pm, **dict(config.task_kwargs))
+        unknown = set(config.generation.agent_models) - set(self.task.agents)
+        if unknown or set(config.generation.agent_models) >= set(self.task.agents):
+            raise ConfigError(
+                f"generation.agent_models must name some (not all) of {list(self.task.agents)}, got "
+                f"{sorted(config.generation.agent_models)}: the others are the roles that train"
+            )
         self.num_train = len(self.task.samples(config.split))
         self.base_model = resolve_model_path(config.model)
         self._scorer: Any = None
@@ -264,6 +271,13 @@ class IterativeTrainer:
 
     def _policy(self, model: str) -> Any:
         gen = self.config.generation
+        if gen.agent_models:  # fixed roles speak with their own model; the rest with the current one
+            fixed = {a: self._load(m) for a, m in gen.agent_models.items()}
+            return PerAgentPolicy(fixed, default=self._load(model))
+        return self._load(model)
+
+    def _load(self, model: str) -> Any:
+        gen = self.config.generation
         return load_policy(
             model,
             backend=gen.backend,
@@ -290,14 +304,7 @@ class IterativeTrainer:
         """The frozen base model's per-turn LM loss (the registered ``readability_scorer``; loaded
         once, kept for the whole run)."""
         if self._scorer is None:
-            specs = readability_specs(self.pm)
-            name = self.config.readability_scorer
-            if name not in specs:
-                raise ConfigError(
-                    f"no readability scorer {name!r}; registered: {', '.join(specs) or '(none)'}"
-                )
-            model = self.config.readability_model or self.config.model
-            self._scorer = specs[name].factory(model, dtype=self.config.dtype)
+            self._scorer = load_readability_scorer(self.config, self.pm)
         return self._scorer
 
     def _phase(self, stage: Stage, phase: str, started: float, **extra: Any) -> None:
@@ -388,16 +395,6 @@ class IterativeTrainer:
             )
         self.pm.hook.optima_generation_end(stage=stage, data=data)
         return data
-
-
-def load_readability_scorer(config: TrainConfig, pm: pluggy.PluginManager) -> Any:
-    """The registered readability scorer ``config.readability_scorer`` on the frozen base model
-    (``readability_model``, default ``model``)."""
-    specs = readability_specs(pm)
-    name = config.readability_scorer
-    if name not in specs:
-        raise ConfigError(f"no readability scorer {name!r}; registered: {', '.join(specs) or '(none)'}")
-    return specs[name].factory(config.readability_model or config.model, dtype=config.dtype)
 
 
 def _rank() -> int:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import editdistance
 
+from optima_env._termination import AnswerTracker, check_termination
 from optima_env.errors import TaskContractError
 from optima_env.types import Episode, Turn
 from optima_trainers.types import PreferencePair
@@ -26,16 +27,29 @@ from optima_trainers.types import PreferencePair
 __all__ = ["Node", "Tree", "TreeTrajectory", "normalized_edit_distance"]
 
 
-def normalized_edit_distance(a: str, b: str, *, by: Literal["max", "new"] = "max") -> float:
-    """Character edit distance over ``max(len(a), len(b)) + 1`` (``by="max"``, the selection
-    filter) or over ``len(b) + 1`` (``by="new"``, the sibling merge; ``b`` is the new text).
+def normalized_edit_distance(
+    a: str, b: str, *, by: Literal["max", "new"] = "max", form: Literal["plus_one", "max_length"] = "plus_one"
+) -> float:
+    """Character edit distance, normalized (spec §6.2, §13 item 8).
+
+    ``form="plus_one"`` (the reference code): over ``max(len(a), len(b)) + 1`` (``by="max"``, the
+    selection filter) or over ``len(b) + 1`` (``by="new"``, the sibling merge; ``b`` is the new
+    text). ``form="max_length"`` (the paper): over ``max(len(a), len(b))`` for both (0 for two
+    empty texts).
 
     >>> normalized_edit_distance("abcd", "abcf")
     0.2
     >>> normalized_edit_distance("abcd", "abc", by="new")
     0.25
+    >>> normalized_edit_distance("abcd", "abc", by="new", form="max_length")
+    0.25
+    >>> normalized_edit_distance("abcd", "abcf", form="max_length")
+    0.25
     """
     distance = editdistance.eval(a, b)
+    if form == "max_length":
+        longest = max(len(a), len(b))
+        return distance / longest if longest else 0.0
     return distance / ((max(len(a), len(b)) if by == "max" else len(b)) + 1)
 
 
@@ -129,6 +143,13 @@ class Tree:
         max_depth: turns after which a conversation is cut (spec: 10).
         minmax: how :meth:`pairs` picks the max/min-value child by default (see
             :meth:`Node.best_and_worst`).
+        termination: the env's agreement rule (``repeat`` or ``all_agents``), which decides
+            where a path of node texts ends (:attr:`Node.ended`).
+        pair_rule: ``per_parent`` (the reference, spec §6.4) or ``shared_ancestor`` (the paper,
+            §13 item 7); see :meth:`pairs`.
+        filtered_parents: ``drop`` (the reference): a node the selection's similarity filter
+            removed (and never selected) is never a pair parent; ``keep``: it still is.
+        edit_distance: the normalization of the sibling merge (see :func:`normalized_edit_distance`).
     """
 
     def __init__(
@@ -143,7 +164,11 @@ class Tree:
         system_prompts: Mapping[str, str],
         message_format: str = "code",
         max_depth: int = 10,
-        minmax: Literal["exact", "code"] = "exact",
+        minmax: Literal["exact", "code"] = "code",
+        termination: str = "repeat",
+        pair_rule: Literal["per_parent", "shared_ancestor"] = "per_parent",
+        filtered_parents: Literal["drop", "keep"] = "drop",
+        edit_distance: Literal["plus_one", "max_length"] = "plus_one",
     ) -> None:
         self.task_id, self.sample_id, self.index = task_id, sample_id, index
         self.split, self.seed = split, seed
@@ -152,9 +177,20 @@ class Tree:
         self.message_format = message_format
         self.max_depth = max_depth
         self.minmax: Literal["exact", "code"] = minmax
+        self.termination = check_termination(termination)
+        if pair_rule not in ("per_parent", "shared_ancestor"):
+            raise TaskContractError(f"pair_rule must be 'per_parent' or 'shared_ancestor', got {pair_rule!r}")
+        if filtered_parents not in ("drop", "keep"):
+            raise TaskContractError(f"filtered_parents must be 'drop' or 'keep', got {filtered_parents!r}")
+        self.pair_rule = pair_rule
+        self.filtered_parents = filtered_parents
+        self.edit_distance: Literal["plus_one", "max_length"] = edit_distance
         self.root = Node(id=0, text="", depth=0, parent=None, answer=None)
         self.nodes: list[Node] = [self.root]
         self.selected: list[Node] = []
+        self.removed: set[int] = set()
+        """Ids of the nodes the selection's similarity filter removed (the reference deletes them
+        from its node list: never a candidate again, nor a pair parent unless selected)."""
         self.trajectories: list[TreeTrajectory] = []
 
     # -- structure ----------------------------------------------------------------------------------
@@ -212,7 +248,8 @@ class Tree:
                 (
                     c
                     for c in node.children
-                    if normalized_edit_distance(c.text, turn.text, by="new") < merge_threshold
+                    if normalized_edit_distance(c.text, turn.text, by="new", form=self.edit_distance)
+                    < merge_threshold
                 ),
                 None,
             )
@@ -235,14 +272,30 @@ class Tree:
         node = Node(
             id=len(self.nodes), text=turn.text, depth=parent.depth + 1, parent=parent, answer=turn.answer
         )
-        node.ended = (
-            too_long
-            or node.depth >= self.max_depth
-            or (turn.answer is not None and turn.answer == parent.current_answer)
-        )
+        node.ended = too_long or node.depth >= self.max_depth or self._agrees(node)
         parent.children.append(node)
         self.nodes.append(node)
         return node
+
+    def _agrees(self, node: Node) -> bool:
+        """Replaying the path's texts, the env's agreement rule ends the conversation at ``node``."""
+        tracker = AnswerTracker(self.termination, self.agents)
+        path = self.path(node)[1:]
+        agreed = False
+        for i, n in enumerate(path):
+            agreed = tracker.update(self.agents[i % len(self.agents)], n.answer)
+        return agreed
+
+    def pair_parents(self) -> list[Node]:
+        """Nodes with two or more children that may give pairs, in creation order (with
+        ``filtered_parents="drop"``, not those the similarity filter removed and never selected)."""
+        selected = {n.id for n in self.selected}
+        return [
+            n
+            for n in self.nodes
+            if len(n.children) >= 2
+            and (self.filtered_parents == "keep" or n.id not in self.removed or n.id in selected)
+        ]
 
     # -- data ---------------------------------------------------------------------------------------
     def prompt_messages(self, node: Node) -> list[dict[str, str]]:
@@ -258,30 +311,45 @@ class Tree:
     def pairs(
         self, theta_filter: float, theta_diff: float, *, minmax: Literal["exact", "code"] | None = None
     ) -> list[PreferencePair]:
-        """At most one pair per node with two or more children (root included): its max-value child
-        (chosen) against its min-value child (rejected), kept when ``max > theta_filter`` and
-        ``max - min > theta_diff`` (spec §6.4). Nodes in creation order."""
+        """Preference pairs from the nodes of :meth:`pair_parents` (root included), in creation order.
+
+        ``pair_rule="per_parent"`` (the reference, spec §6.4): at most one pair per node, its
+        max-value child (chosen) against its min-value child (rejected), kept when
+        ``max > theta_filter`` and ``max - min > theta_diff``. ``"shared_ancestor"`` (the paper,
+        §13 item 7): every two children of a node (they share the whole history up to it, which
+        is the pair's prompt), the higher-value one chosen, under the same two thresholds; in
+        child order, the first of two equal values chosen.
+        """
         out = []
-        for node in self.nodes:
-            if len(node.children) < 2:
-                continue
-            best, worst = node.best_and_worst(minmax or self.minmax)
-            if best is worst or not (best.value > theta_filter and best.value - worst.value > theta_diff):
-                continue
-            out.append(
-                PreferencePair(
-                    prompt=tuple(self.prompt_messages(node)),
-                    chosen=best.text,
-                    rejected=worst.text,
-                    chosen_value=best.value,
-                    rejected_value=worst.value,
-                    task_id=self.task_id,
-                    sample_id=self.sample_id,
-                    instance_index=self.index,
-                    depth=node.depth,
-                    agent=self.speaker(node),
+        for node in self.pair_parents():
+            if self.pair_rule == "per_parent":
+                best, worst = node.best_and_worst(minmax or self.minmax)
+                candidates = [] if best is worst else [(best, worst)]
+            else:
+                kids = node.children
+                candidates = [
+                    (a, b) if a.value >= b.value else (b, a)
+                    for i, a in enumerate(kids)
+                    for b in kids[i + 1 :]
+                ]
+            prompt = tuple(self.prompt_messages(node))
+            for best, worst in candidates:
+                if not (best.value > theta_filter and best.value - worst.value > theta_diff):
+                    continue
+                out.append(
+                    PreferencePair(
+                        prompt=prompt,
+                        chosen=best.text,
+                        rejected=worst.text,
+                        chosen_value=best.value,
+                        rejected_value=worst.value,
+                        task_id=self.task_id,
+                        sample_id=self.sample_id,
+                        instance_index=self.index,
+                        depth=node.depth,
+                        agent=self.speaker(node),
+                    )
                 )
-            )
         return out
 
     def to_dict(self) -> dict[str, Any]:

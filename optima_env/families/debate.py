@@ -9,11 +9,17 @@ the others and answers in the task's answer format.
 With a format index (spec §4) only the solver's prompt gets the example block (every peer's, with
 three or more agents); math tasks have no pool.
 
-* :class:`MathDebateTask`: GSM8K and MATH: the answer is the last balanced ``\\boxed{}`` of a turn,
-  normalized like the reference parser (:func:`~optima_env.scoring.normalize_math_answer`), so the
-  env's exact-match termination sees ``1/2`` and ``\\frac12`` as the same answer.
+* :class:`MathDebateTask`: GSM8K and MATH: by default (``math_answers="code"``) the answer is the
+  reference parser's (:func:`~optima_env.scoring.parse_boxed_answer`: the last ``\\boxed{``, none
+  when it is unclosed, ``\\fbox`` not a box, then the verbatim
+  :func:`~optima_env.scoring.normalize_final_answer`), and the env's termination compares these
+  strings exactly; ``math_answers="lenient"`` takes the last balanced box (``\\fbox`` too) with the
+  fuller :func:`~optima_env.scoring.normalize_math_answer`, so termination also sees ``1/2`` and
+  ``\\frac12`` as the same answer.
 * :class:`ChoiceDebateTask`: ARC-Challenge and MMLU: the options are appended to the question,
-  the answer is the last ``<A>...</A>``, scored by :func:`~optima_env.scoring.choice_match`.
+  the answer is the last ``<A>...</A>`` (as written, by default), scored by the reference's exact
+  match of the option text (:func:`~optima_env.scoring.reference_exact_match`, default) or the
+  lenient :func:`~optima_env.scoring.choice_match`.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections.abc import Mapping
 from string import Template
 from typing import Any, ClassVar
 
+from optima_env.errors import TaskContractError
 from optima_env.families.base import DatasetTask, options_list
 from optima_env.prompts import (
     CHOICE_SOLVER_PROMPT,
@@ -33,10 +40,20 @@ from optima_env.prompts import (
     render,
     with_format_block,
 )
-from optima_env.scoring import choice_match, extract_boxed, extract_tagged, normalize_math_answer
+from optima_env.scoring import (
+    choice_match,
+    extract_boxed,
+    extract_tagged,
+    normalize_math_answer,
+    parse_boxed_answer,
+    reference_exact_match,
+)
 from optima_env.types import AgentView, TaskSample
 
-__all__ = ["ChoiceDebateTask", "DebateTask", "MathDebateTask", "extract_math_answer"]
+__all__ = ["MATH_ANSWERS", "ChoiceDebateTask", "DebateTask", "MathDebateTask", "extract_math_answer"]
+
+MATH_ANSWERS = ("code", "lenient")
+"""How a math turn's answer is read: the reference parser, or the lenient extraction."""
 
 
 def extract_math_answer(text: str) -> str | None:
@@ -97,12 +114,27 @@ class DebateTask(DatasetTask):
 
 
 class MathDebateTask(DebateTask):
-    """GSM8K / MATH: boxed answers, no format pool (spec §4: math has a fixed structure)."""
+    """GSM8K / MATH: boxed answers, no format pool (spec §4: math has a fixed structure).
+
+    Args:
+        math_answers: ``"code"`` (default): the reference parser, whose strings the env's
+            termination compares exactly; ``"lenient"``: :func:`extract_math_answer` (termination
+            then matches equivalent forms such as ``1/2`` and ``\\frac12``).
+        **kwargs: data and agent options of :class:`~optima_env.families.base.DatasetTask`.
+    """
 
     num_formats = 0
     answer_rule = "When you have a final answer, end your message with \\boxed{answer}."
 
+    def __init__(self, *, math_answers: str = "code", **kwargs: Any) -> None:
+        if math_answers not in MATH_ANSWERS:
+            raise TaskContractError(f"math_answers must be one of {MATH_ANSWERS}, got {math_answers!r}")
+        super().__init__(**kwargs)
+        self.math_answers = math_answers
+
     def extract_answer(self, text: str) -> str | None:
+        if self.math_answers == "code":
+            return parse_boxed_answer(text) or None
         return extract_math_answer(text)
 
 
@@ -110,10 +142,13 @@ class ChoiceDebateTask(DebateTask):
     """ARC-Challenge / MMLU: options in the question, ``<A>`` answers, the 11-format pool.
 
     Args:
-        strict_choice: score as the reference code does: the lowercased, stripped answer must equal
-            the gold option text. ``False`` (default) also accepts the option's label (``B``,
-            ``(B)``, ``Answer: B``; ARC's own labels, e.g. ``1``-``4``) and differences of case,
-            punctuation and spacing.
+        strict_choice: ``True`` (default) scores as the reference code does
+            (:func:`~optima_env.scoring.reference_exact_match`: the stripped, lowercased answer,
+            backslashes stripped, equals the gold option text); ``False`` also accepts the option's
+            label (``B``, ``(B)``, ``Answer: B``; ARC's own labels, e.g. ``1``-``4``) and differences
+            of case, punctuation and spacing (:func:`~optima_env.scoring.choice_match`).
+        tag_answers: ``"code"`` (default): the ``<A>`` answer as written, unstripped, as the
+            reference parser returns and compares it; ``"stripped"``: stripped.
         **kwargs: data and agent options of :class:`~optima_env.families.base.DatasetTask`.
     """
 
@@ -123,18 +158,25 @@ class ChoiceDebateTask(DebateTask):
     options_phrase: ClassVar[str] = "Please choose your answer from {options}"
     """How the options follow the question (``{options}`` = the option texts as a list)."""
 
-    def __init__(self, *, strict_choice: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *, strict_choice: bool = True, tag_answers: str = "code", **kwargs: Any) -> None:
+        if tag_answers not in ("code", "stripped"):
+            raise TaskContractError(f"tag_answers must be 'code' or 'stripped', got {tag_answers!r}")
         super().__init__(**kwargs)
         self.strict_choice = bool(strict_choice)
+        self.tag_answers = tag_answers
 
     def question_text(self, sample: TaskSample) -> str:
         return f"{sample.question}\n{self.options_phrase.format(options=options_list(sample.options))}"
 
     def extract_answer(self, text: str) -> str | None:
-        return extract_tagged(text, "A")
+        return extract_tagged(text, "A", strip=self.tag_answers != "code")
 
     def score(self, answer: str | None, sample: TaskSample) -> float:
+        if self.strict_choice:
+            return reference_exact_match(answer, sample.answer)
         labels = sample.metadata.get("labels")
-        return float(
-            choice_match(answer, sample.options, sample.answer, labels=labels, strict=self.strict_choice)
-        )
+        return float(choice_match(answer, sample.options, sample.answer, labels=labels))
+
+    def scorer_name(self, tokenizer: object = None) -> str:
+        """``exact-match`` (the reference's) or ``choice-lenient``."""
+        return "exact-match" if self.strict_choice else "choice-lenient"

@@ -4,7 +4,10 @@ All agents get the same question and the same prompt
 (:data:`~optima_env.prompts.INFORMATION_EXCHANGE_PROMPT`) with their own private information, the
 units dealt to them joined with newlines (spec §13 item 10). With a format index, every agent's
 prompt gets the same example block of :data:`~optima_env.prompts.FORMAT_EXAMPLES` (spec §4). The
-answer is the last ``<A>...</A>`` of a turn, scored by F1 against the gold answer and its aliases.
+answer is the last ``<A>...</A>`` of a turn as written (the reference parser does not strip it, so
+the env's termination compares the unstripped strings), scored by F1 against the gold answer and
+its aliases: by default over the policy tokenizer's tokens, as the reference (spec §2.5, §13 item
+15; :mod:`optima_env.families.scoring`).
 
 Three dealing schemes cover the paper's datasets (:mod:`optima_env.families.dealing`):
 
@@ -24,6 +27,7 @@ from typing import Any, ClassVar
 from optima_env.errors import TaskContractError
 from optima_env.families.base import DatasetTask, options_list
 from optima_env.families.dealing import deal_halves, deal_shuffled, deal_supporting
+from optima_env.families.scoring import TokenF1Scoring
 from optima_env.prompts import (
     FORMAT_EXAMPLES,
     INFORMATION_EXCHANGE_PROMPT,
@@ -32,19 +36,33 @@ from optima_env.prompts import (
     render,
     with_format_block,
 )
-from optima_env.scoring import Tokenizer, extract_answer_phrase, extract_tagged, f1
+from optima_env.scoring import Tokenizer, extract_answer_phrase, extract_tagged
 from optima_env.types import AgentView, TaskSample
 
-__all__ = ["HalvesTask", "InformationExchangeTask", "ShuffledSnippetsTask", "SupportingFactsTask"]
+__all__ = [
+    "TAG_ANSWERS",
+    "HalvesTask",
+    "InformationExchangeTask",
+    "ShuffledSnippetsTask",
+    "SupportingFactsTask",
+]
+
+TAG_ANSWERS = ("code", "stripped")
+"""How an ``<A>...</A>`` answer is taken: as written (the reference) or stripped."""
 
 
-class InformationExchangeTask(DatasetTask):
+class InformationExchangeTask(TokenF1Scoring, DatasetTask):
     """Base of the information-exchange tasks; subclasses implement :meth:`deal`.
 
     Args:
-        f1_tokenizer: ``None`` scores with the official SQuAD/HotpotQA F1 (default); an object with
-            ``tokenize(str) -> list[str]`` (e.g. the policy's Hugging Face tokenizer) scores with
-            the reference code's tokenizer-token F1 (spec §2.5, §13 item 15).
+        f1: ``"tokens"`` (default, the reference's ``cal_f1_score``): F1 over the tokens of
+            ``f1_tokenizer``, else of the policy's tokenizer the env scores with (SQuAD F1 when
+            there is none); ``"squad"``: the official SQuAD/HotpotQA F1 (spec §2.5, §13 item 15).
+        f1_tokenizer: a tokenizer of the task's own for ``f1="tokens"`` (anything with
+            ``tokenize(str) -> list[str]``).
+        tag_answers: ``"code"`` (default): an ``<A>`` answer as written, unstripped, as the
+            reference parser returns and compares it; ``"stripped"``: stripped (so ``<A> x </A>``
+            and ``<A>x</A>`` agree).
         style: how answers are read (:data:`~optima_env.prompts.STYLES`): ``"paper"`` (default),
             ``<A>answer</A>`` only; ``"small"``, for models too small to write the tag, the tag, else
             ``Answer: x``, else the whole turn (:func:`~optima_env.scoring.extract_answer_phrase`).
@@ -54,11 +72,22 @@ class InformationExchangeTask(DatasetTask):
     family = "information_exchange"
     num_formats = len(FORMAT_EXAMPLES)
 
-    def __init__(self, *, f1_tokenizer: Tokenizer | None = None, style: str = "paper", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        f1: str = "tokens",
+        f1_tokenizer: Tokenizer | None = None,
+        tag_answers: str = "code",
+        style: str = "paper",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if style not in STYLES:
             raise TaskContractError(f"style must be one of {STYLES}, got {style!r}")
-        self.f1_tokenizer = f1_tokenizer
+        if tag_answers not in TAG_ANSWERS:
+            raise TaskContractError(f"tag_answers must be one of {TAG_ANSWERS}, got {tag_answers!r}")
+        self.init_f1(f1, f1_tokenizer)
+        self.tag_answers = tag_answers
         self.style = style
 
     @abc.abstractmethod
@@ -89,10 +118,7 @@ class InformationExchangeTask(DatasetTask):
     def extract_answer(self, text: str) -> str | None:
         if self.style == "small":
             return extract_answer_phrase(text, whole_text=True)
-        return extract_tagged(text, "A")
-
-    def score(self, answer: str | None, sample: TaskSample) -> float:
-        return f1(answer, sample.answers, tokenizer=self.f1_tokenizer)
+        return extract_tagged(text, "A", strip=self.tag_answers != "code")
 
 
 class SupportingFactsTask(InformationExchangeTask):

@@ -21,7 +21,7 @@ from optima_env.errors import TaskContractError
 from optima_env.scoring import Tokenizer, f1
 from optima_env.types import TaskSample
 
-__all__ = ["F1_MODES", "TokenF1Scoring", "scorer_name", "score_with_tokenizer", "usable_tokenizer"]
+__all__ = ["F1_MODES", "TokenF1Scoring", "score_with_tokenizer", "scorer_name", "usable_tokenizer"]
 
 F1_MODES = ("tokens", "squad")
 
@@ -71,7 +71,8 @@ class TokenF1Scoring:
             )
         if f1_tokenizer is not None and usable_tokenizer(f1_tokenizer) is None:
             raise TaskContractError(
-                f"f1_tokenizer must have a callable .tokenize(str) -> list[str], got {type(f1_tokenizer).__name__}"
+                "f1_tokenizer must have a callable .tokenize(str) -> list[str], got "
+                f"{type(f1_tokenizer).__name__}; pass e.g. the policy's transformers tokenizer"
             )
         self.f1_mode = f1_mode  # type: ignore[assignment]
         self.f1_tokenizer = f1_tokenizer
@@ -82,7 +83,9 @@ class TokenF1Scoring:
     def score(self, answer: str | None, sample: TaskSample) -> float:
         return f1(answer, sample.answers, tokenizer=self._f1_tokenizer(None))
 
-    def score_with(self, answer: str | None, sample: TaskSample, *, tokenizer: Tokenizer | None = None) -> float:
+    def score_with(
+        self, answer: str | None, sample: TaskSample, *, tokenizer: Tokenizer | None = None
+    ) -> float:
         """The score with the policy's tokenizer (used by ``f1="tokens"`` when the task has none)."""
         return f1(answer, sample.answers, tokenizer=self._f1_tokenizer(tokenizer))
 

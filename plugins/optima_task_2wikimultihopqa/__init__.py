@@ -10,8 +10,8 @@ each agent    the question and the information prompt with its private evidence:
               each); whole paragraphs; units joined with newlines
 end           the same ``<A>answer</A>`` twice in a row among answer-bearing turns, or
               ``max_turns`` (10), or a turn of 2000+ tokens (spec §2.4)
-metric        F1 against the gold answer, best over its aliases (SQuAD normalization by
-              default; ``f1_tokenizer=<tokenizer>`` gives the reference code's token F1)
+metric        F1 against the gold answer, best over its aliases, over the policy tokenizer's
+              tokens as the reference code (``f1="squad"``: SQuAD normalization)
 data          ``2wikimultihopqa``: the original release, ``train.json`` / ``dev.json`` (``test``
               = dev) in ``$OPTIMA_DATA_DIR/2wikimultihopqa/`` or ``hf_name=<path>``; there is
               no hub copy. A question-only copy raises a clear error (``require_context=False``
@@ -25,7 +25,7 @@ both agents. Switches: ``strict_split=True`` keeps each supporting paragraph onc
 11); ``full_paragraphs=False`` gives first sentences only.
 
 Factory arguments: ``num_agents``, ``full_paragraphs``, ``strict_split``, ``require_context``,
-``f1_tokenizer``, ``data_dir``, ``source``, ``limit``, ``hf_name``.
+``f1``, ``f1_tokenizer``, ``tag_answers``, ``data_dir``, ``source``, ``limit``, ``hf_name``.
 
 Version history:
     v0: first release.

@@ -12,10 +12,10 @@ each agent    the question followed by "Please choose your answer from [option t
               suggest fixes, tersely, never giving the answer
 end           the same ``<A>answer</A>`` twice in a row among answer-bearing turns, or
               ``max_turns`` (10), or a turn of 2000+ tokens (spec §2.4)
-metric        accuracy: the answer names the gold option, by its text (up to case,
-              punctuation and spacing) or by its label (``B``, ``(B)``, ``Answer: B``; ARC's
-              own labels such as ``1``-``4``); ``strict_choice=True`` is the reference rule
-              (lowercased, stripped answer == gold option text)
+metric        accuracy: the reference rule (default, ``strict_choice=True``): the stripped,
+              lowercased answer equals the gold option text; ``strict_choice=False`` also
+              accepts its text up to case, punctuation and spacing, or its label (``B``,
+              ``(B)``, ``Answer: B``; ARC's own labels such as ``1``-``4``)
 data          ``arc_challenge``: ``train`` (1,119), ``test`` (1,172), ``validation``; gold = the
               option text. Local JSONL in ``$OPTIMA_DATA_DIR/arc_challenge/`` or the hub's
               ``ai2_arc`` (ARC-Challenge)
@@ -24,8 +24,8 @@ pool          the 11 formats of :data:`optima_env.prompts.FORMAT_EXAMPLES`, in t
               the prompt without it
 ============  ==================================================================================
 
-Factory arguments: ``num_agents``, ``strict_choice``, ``data_dir``, ``source``, ``limit``,
-``hf_name``.
+Factory arguments: ``num_agents``, ``strict_choice``, ``tag_answers``, ``data_dir``, ``source``,
+``limit``, ``hf_name``.
 
 Version history:
     v0: first release.

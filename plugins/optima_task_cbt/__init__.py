@@ -10,8 +10,8 @@ each agent    the question (the 21st sentence, blank written ``XXXXX``) followed
               contiguous parts in order); joined with newlines
 end           the same ``<A>answer</A>`` twice in a row among answer-bearing turns, or
               ``max_turns`` (10), or a turn of 2000+ tokens (spec §2.4)
-metric        F1 against the gold word (SQuAD normalization by default;
-              ``f1_tokenizer=<tokenizer>`` gives the reference code's token F1)
+metric        F1 against the gold word, over the policy tokenizer's tokens as the reference
+              code (``f1="squad"``: SQuAD normalization)
 data          ``cbt``: ``train``, ``test``. Local JSONL in the hub schema in
               ``$OPTIMA_DATA_DIR/cbt/`` or the hub's ``cbt`` (config CN)
 pool          the 11 formats of :data:`optima_env.prompts.FORMAT_EXAMPLES`, the same block for
@@ -20,8 +20,8 @@ pool          the 11 formats of :data:`optima_env.prompts.FORMAT_EXAMPLES`, the 
 
 The dealing is deterministic (no randomness), as in the reference dataloader.
 
-Factory arguments: ``num_agents``, ``f1_tokenizer``, ``data_dir``, ``source``, ``limit``,
-``hf_name``.
+Factory arguments: ``num_agents``, ``f1``, ``f1_tokenizer``, ``tag_answers``, ``data_dir``,
+``source``, ``limit``, ``hf_name``.
 
 Version history:
     v0: first release.

@@ -9,19 +9,22 @@ each agent    the question, no private evidence. Alice: "think step by step, end
               ``\\boxed{N}``, the box holding only a number"; Bob: find Alice's errors and
               suggest fixes, tersely, never giving the answer
 end           the same answer twice in a row among answer-bearing turns, or ``max_turns`` (10),
-              or a turn of 2000+ tokens (spec §2.4). A turn's answer is the content of its last
-              balanced ``\\boxed{}``, normalized like the reference parser (units, ``$``,
-              commas in numbers, text before ``=`` removed)
-metric        accuracy: the first number of the answer equals the gold number (after ``####``)
-              within 1e-6 (``gsm8k_mode="numeric"``, default); ``"code"`` = the reference
-              training reward (normalized string equality), ``"code_eval"`` = its eval script
+              or a turn of 2000+ tokens (spec §2.4). A turn's answer is the reference parser's:
+              the content of the last ``\\boxed{`` (none when it is unclosed), normalized
+              (units, ``$``, commas in numbers, text before ``=`` removed);
+              ``math_answers="lenient"`` is the lenient extraction
+metric        accuracy: ``gsm8k_mode="code"`` (default) is the reference training reward: the
+              answer (the reference parser's normalized box content) equals the gold string
+              after ``####`` (:func:`optima_env.scoring.reference_exact_match`);
+              ``"numeric"``: the first number of the answer equals the gold number within 1e-6;
+              ``"code_eval"``: the reference eval script (first number of the normalized answer)
 data          ``gsm8k``: ``train`` (7,473), ``test`` (1,319). Local JSONL in
               ``$OPTIMA_DATA_DIR/gsm8k/`` or the hub's ``gsm8k`` (main)
 pool          none (``num_formats == 0``): math has a fixed structure (spec §4)
 ============  ==================================================================================
 
-Factory arguments: ``num_agents``, ``gsm8k_mode``, ``data_dir``, ``source``, ``limit``,
-``hf_name``.
+Factory arguments: ``num_agents``, ``gsm8k_mode``, ``math_answers``, ``data_dir``, ``source``,
+``limit``, ``hf_name``.
 
 Version history:
     v0: first release.
@@ -34,7 +37,7 @@ from typing import Any
 from optima_env import TaskContractError, TaskSpec, hookimpl
 from optima_env.families import MathDebateTask
 from optima_env.prompts import GSM8K_SOLVER_PROMPT
-from optima_env.scoring import gsm8k_equal
+from optima_env.scoring import gsm8k_equal, reference_exact_match
 from optima_env.types import TaskSample
 
 __all__ = ["GSM8KTask", "optima_register_tasks"]
@@ -49,14 +52,20 @@ class GSM8KTask(MathDebateTask):
     dataset = "gsm8k"
     solver_prompt = GSM8K_SOLVER_PROMPT
 
-    def __init__(self, *, gsm8k_mode: str = "numeric", **kwargs: Any) -> None:
+    def __init__(self, *, gsm8k_mode: str = "code", **kwargs: Any) -> None:
         if gsm8k_mode not in _MODES:
             raise TaskContractError(f"gsm8k_mode must be one of {list(_MODES)}, got {gsm8k_mode!r}")
         super().__init__(**kwargs)
         self.gsm8k_mode = gsm8k_mode
 
     def score(self, answer: str | None, sample: TaskSample) -> float:
+        if self.gsm8k_mode == "code":
+            return reference_exact_match(answer, sample.answer)
         return float(gsm8k_equal(answer, sample.answer, mode=self.gsm8k_mode))  # type: ignore[arg-type]
+
+    def scorer_name(self, tokenizer: object = None) -> str:
+        """``exact-match`` (the reference's training reward), ``gsm8k-numeric`` or ``gsm8k-code_eval``."""
+        return "exact-match" if self.gsm8k_mode == "code" else f"gsm8k-{self.gsm8k_mode}"
 
 
 # Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the

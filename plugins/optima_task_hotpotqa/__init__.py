@@ -10,8 +10,8 @@ each agent    the question and the information prompt with its private evidence:
               paragraph reduced to its first sentence; units joined with newlines
 end           the same ``<A>answer</A>`` twice in a row among answer-bearing turns, or
               ``max_turns`` (10), or a turn of 2000+ tokens (spec §2.4)
-metric        F1 between the final answer and the gold answer: SQuAD/HotpotQA normalization by
-              default; ``f1_tokenizer=<tokenizer>`` gives the reference code's token F1 (§2.5)
+metric        F1 between the final answer and the gold answer, over the policy tokenizer's tokens
+              as the reference code (§2.5; ``f1="squad"``: SQuAD/HotpotQA normalization)
 data          ``hotpotqa``: ``train``; ``test`` = the distractor validation set. Local JSONL in
               ``$OPTIMA_DATA_DIR/hotpotqa/`` or the hub's ``hotpot_qa`` (distractor)
 pool          the 11 formats of :data:`optima_env.prompts.FORMAT_EXAMPLES`, the same block for
@@ -27,8 +27,8 @@ from the env's seeded generator: the same seed deals the same hands.
 Rows with only paragraph-level support (the IRCoT part of the local dev copy) carry one entry
 per supporting title, so their duplicates cannot be reproduced.
 
-Factory arguments: ``num_agents``, ``full_paragraphs``, ``strict_split``, ``f1_tokenizer``,
-``data_dir``, ``source``, ``limit``, ``hf_name``.
+Factory arguments: ``num_agents``, ``full_paragraphs``, ``strict_split``, ``f1``, ``f1_tokenizer``,
+``tag_answers``, ``data_dir``, ``source``, ``limit``, ``hf_name``.
 
 Version history:
     v0: first release.

@@ -9,9 +9,10 @@ each agent    the problem, no private evidence. Alice: "think step by step, end 
               ``\\boxed{answer}``"; Bob: find Alice's errors and suggest fixes, tersely, never
               giving the answer
 end           the same answer twice in a row among answer-bearing turns, or ``max_turns`` (10),
-              or a turn of 2000+ tokens (spec §2.4). A turn's answer is the content of its last
-              balanced ``\\boxed{}``, normalized like the reference parser (Lewkowycz et al.
-              2022), so ``\\dfrac12`` and ``1/2`` are the same answer
+              or a turn of 2000+ tokens (spec §2.4). A turn's answer is the reference parser's:
+              the content of the last ``\\boxed{`` (none when it is unclosed), normalized as
+              Lewkowycz et al. (2022); ``math_answers="lenient"`` takes the last balanced box
+              with a fuller normalization, so ``\\dfrac12`` and ``1/2`` are the same answer
 metric        accuracy: :func:`optima_env.scoring.math_equal` (normalized strings, then
               symbolic/numeric equivalence with ``math_verify``, ``math_timeout`` seconds in a
               worker process; ``\\frac{1}{2}`` equals ``0.5``); never ``eval``
@@ -21,8 +22,8 @@ data          ``math``: ``train`` (7,500), ``test`` (5,000), ``math500``; gold =
 pool          none (``num_formats == 0``): math has a fixed structure (spec §4)
 ============  ==================================================================================
 
-Factory arguments: ``num_agents``, ``math_timeout``, ``data_dir``, ``source``, ``limit``,
-``hf_name``.
+Factory arguments: ``num_agents``, ``math_timeout``, ``math_answers``, ``data_dir``, ``source``,
+``limit``, ``hf_name``.
 
 Version history:
     v0: first release.
@@ -64,6 +65,10 @@ class MATHTask(MathDebateTask):
 
     def score(self, answer: str | None, sample: TaskSample) -> float:
         return float(math_equal(answer, sample.answer, timeout=self.math_timeout))
+
+    def scorer_name(self, tokenizer: object = None) -> str:
+        """``math-verify`` (equivalence; the reference used sympy's ``parse_latex``, spec §2.5)."""
+        return "math-verify"
 
 
 # Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the

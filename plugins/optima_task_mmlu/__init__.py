@@ -11,9 +11,9 @@ each agent    the question followed by "Select an answer from the options [optio
               ``<A>answer</A>``; Bob: find Alice's errors, never giving the answer
 end           the same ``<A>answer</A>`` twice in a row among answer-bearing turns, or
               ``max_turns`` (10), or a turn of 2000+ tokens (spec §2.4)
-metric        accuracy: the answer names the gold option by its text (up to case, punctuation
-              and spacing) or its letter A-D; ``strict_choice=True`` is the reference rule
-              (lowercased, stripped answer == gold option text)
+metric        accuracy: the reference rule (default, ``strict_choice=True``): the stripped,
+              lowercased answer equals the gold option text; ``strict_choice=False`` also
+              accepts differences of case, punctuation and spacing, or its letter A-D
 data          ``mmlu``: ``train`` = ``auxiliary_train`` minus the questions also in
               ARC-Challenge train, shuffled with seed 42 (spec §2.2; the dropped count is
               logged; ``filter_arc=False`` skips the filter); ``test`` (14,042). Local JSONL in
@@ -22,8 +22,8 @@ pool          the 11 formats of :data:`optima_env.prompts.FORMAT_EXAMPLES`, in t
               prompt only; ``base_system_prompt`` is the prompt without it
 ============  ==================================================================================
 
-Factory arguments: ``num_agents``, ``strict_choice``, ``filter_arc``, ``data_dir``, ``source``,
-``limit``, ``hf_name``.
+Factory arguments: ``num_agents``, ``strict_choice``, ``tag_answers``, ``filter_arc``, ``data_dir``,
+``source``, ``limit``, ``hf_name``.
 
 Version history:
     v0: first release.

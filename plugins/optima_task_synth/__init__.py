@@ -8,7 +8,8 @@ each agent    the question, plus private facts: the facts of the reasoning chain
               turn (hop 1 to Alice, hop 2 to Bob, ...), and ``num_distractors`` facts about other
               entities of the same kinds go to each agent
 end           the same ``<A>answer</A>`` twice in a row, or ``max_turns`` (spec §2.4)
-metric        F1 between the final answer and the gold entity name (SQuAD normalization)
+metric        F1 between the final answer and the gold entity name, over the policy tokenizer's
+              tokens as the reference code (``f1="squad"``: SQuAD normalization)
 ============  ==================================================================================
 
 A small world of invented entities (people, companies, cities, countries, languages; names are
@@ -30,6 +31,9 @@ a turn that names the answer among other words). SmolLM2-135M never wrote the ta
 sampled while building the demo, so under ``"paper"`` it scores exactly 0 and iterative training
 has nothing to select; the demo suite (``python -m benchmarks.run --suite demo``) uses ``"small"``.
 Instances are deterministic functions of ``(seed, split, index)``; train and test never overlap.
+Scoring switches (:mod:`optima_env.families.scoring`): ``f1`` (``tokens``, the default, or
+``squad``) and ``tag_answers`` (``code``: the ``<A>`` answer unstripped, as the reference; or
+``stripped``).
 
 Version history:
     v0: first release.
@@ -43,8 +47,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from optima_env import AgentView, Paragraph, Task, TaskContractError, TaskSample, TaskSpec, hookimpl
+from optima_env.families.scoring import TokenF1Scoring
 from optima_env.prompts import INFORMATION_EXCHANGE_PROMPT, STYLES, join_names, render
-from optima_env.scoring import extract_answer_phrase, extract_tagged, f1
+from optima_env.scoring import extract_answer_phrase, extract_tagged
 from optima_env.task import agent_names
 
 __all__ = ["Fact", "SyntheticChainTask", "optima_register_tasks", "solve"]
@@ -173,7 +178,7 @@ class _GeneratedSamples(Sequence[TaskSample]):
         return self._task.sample(self._split, index)
 
 
-class SyntheticChainTask(Task):
+class SyntheticChainTask(TokenF1Scoring, Task):
     """The embedded default task (see the module docstring)."""
 
     family = "information_exchange"
@@ -188,6 +193,8 @@ class SyntheticChainTask(Task):
         train_size: int = 10_000,
         test_size: int = 500,
         style: str = "paper",
+        f1: str = "tokens",
+        tag_answers: str = "code",
     ) -> None:
         if not isinstance(hops, int) or not 1 <= hops <= len(_RELATIONS):
             raise TaskContractError(f"hops must be an int from 1 to {len(_RELATIONS)}, got {hops!r}")
@@ -198,6 +205,10 @@ class SyntheticChainTask(Task):
             )
         if style not in STYLES:
             raise TaskContractError(f"style must be one of {STYLES}, got {style!r}")
+        if tag_answers not in ("code", "stripped"):
+            raise TaskContractError(f"tag_answers must be 'code' or 'stripped', got {tag_answers!r}")
+        self.init_f1(f1, None)
+        self.tag_answers = tag_answers
         self.style = style
         self.agents = agent_names(num_agents)
         self.hops, self.num_distractors, self.seed = hops, num_distractors, seed
@@ -257,10 +268,7 @@ class SyntheticChainTask(Task):
     def extract_answer(self, text: str) -> str | None:
         if self.style == "small":
             return extract_answer_phrase(text, whole_text=True)
-        return extract_tagged(text, "A")
-
-    def score(self, answer: str | None, sample: TaskSample) -> float:
-        return f1(answer, sample.answers)
+        return extract_tagged(text, "A", strip=self.tag_answers != "code")
 
 
 # Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the

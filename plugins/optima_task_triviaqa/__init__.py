@@ -9,8 +9,8 @@ each agent    the question and the information prompt with its private evidence:
               joined with newlines
 end           the same ``<A>answer</A>`` twice in a row among answer-bearing turns, or
               ``max_turns`` (10), or a turn of 2000+ tokens (spec §2.4)
-metric        F1 against the answer, best over all its aliases (SQuAD normalization by default;
-              ``f1_tokenizer=<tokenizer>`` gives the reference code's token F1)
+metric        F1 against the answer, best over all its aliases, over the policy tokenizer's
+              tokens as the reference code (``f1="squad"``: SQuAD normalization)
 data          ``triviaqa``: ``train``; ``test`` = validation. Local JSONL in the hub schema in
               ``$OPTIMA_DATA_DIR/triviaqa/`` or the hub's ``trivia_qa``; a question-only copy
               raises a clear error (``require_context=False`` plays it closed-book)
@@ -18,8 +18,8 @@ pool          the 11 formats of :data:`optima_env.prompts.FORMAT_EXAMPLES`, the 
               every agent; ``base_system_prompt`` is the prompt without it
 ============  ==================================================================================
 
-Factory arguments: ``num_agents``, ``require_context``, ``f1_tokenizer``, ``data_dir``,
-``source``, ``limit``, ``hf_name``.
+Factory arguments: ``num_agents``, ``require_context``, ``f1``, ``f1_tokenizer``, ``tag_answers``,
+``data_dir``, ``source``, ``limit``, ``hf_name``.
 
 Version history:
     v0: first release.

@@ -38,7 +38,7 @@ def test_help_lists_the_options() -> None:
         assert flag in done.stdout
     # the installed trainers and every configuration field, typed, with its documentation
     assert "installed trainers (--trainer NAME):" in done.stdout
-    for name in ("isft ", "idpo ", "isft-dpo "):
+    for name in ("isft ", "idpo ", "isft-dpo ", "grpo "):
         assert f"  {name}" in done.stdout
     assert "reward.lambda_token (float, 0.6): λ_token" in done.stdout
     assert "tree.reward.impersonation ('sft'|'mcts'|'off', 'mcts')" in done.stdout
@@ -97,7 +97,7 @@ def test_resume_refuses_flags_that_change_the_stored_config(tmp_path: Path, caps
 
 def test_unknown_trainer_is_a_clear_error(capsys) -> None:
     assert main(["--trainer", "ppo", "--print-config"]) == 2
-    assert "installed: idpo, isft, isft-dpo" in capsys.readouterr().err
+    assert "installed: grpo, idpo, isft, isft-dpo" in capsys.readouterr().err
 
 
 def test_atomic_checkpoint_appears_complete_or_not_at_all(tmp_path: Path) -> None:

@@ -218,3 +218,30 @@ def test_hook_optima_train_stage(idpo_run) -> None:
     assert [r["model"] for r in results] == ["iter_00/checkpoint", "iter_01/checkpoint"]
     assert metrics[0]["train/steps"] == 1 and metrics[1]["train/steps"] == 1
     assert Stage(name="x", kind="sft", number=0).start == "previous"
+
+
+def test_one_role_trains_while_the_other_speaks_with_a_fixed_model(tmp_path: Path) -> None:
+    """``generation.agent_models``: Bob speaks with his own fixed model; only Alice's turns train."""
+    pytest.importorskip("trl")
+    alice, bob = make_tiny_model(tmp_path / "alice", seed=0), make_tiny_model(tmp_path / "bob", seed=1)
+    config = resolve_config(
+        "ie/synth-v0", "isft", profile="cpu", model=str(alice), iterations=1,
+        overrides={"generation.instances": 2, "generation.num_samples": 2, "generation.max_turns": 2,
+                   "generation.max_new_tokens": 6, "sft.max_steps": 1, "selection.theta": -100.0,
+                   "generation.agent_models": {"Bob": str(bob)}},
+    )  # fmt: skip
+    trainer = IterativeTrainer(
+        config, run_dir=RunDir.create(config, run_dir=tmp_path / "run"), progress=False
+    )
+    policy = trainer._policy(str(alice))
+    assert policy.policy_for("Bob") is not policy.policy_for("Alice")
+    (record,) = trainer.run()
+    selected = int(record["select/selected"])
+    assert selected >= 1 and record["train/skipped_fixed_role"] == selected  # Bob's views: not trained
+    assert record["train/examples"] == selected and record["train/steps"] == 1  # Alice's views only
+    with pytest.raises(Exception, match="must name some \\(not all\\)"):
+        IterativeTrainer(
+            config.replace(**{"generation.agent_models": {"Alice": "x", "Bob": "y"}}),
+            run_dir=RunDir.create(config, run_dir=tmp_path / "other"),
+            progress=False,
+        )
