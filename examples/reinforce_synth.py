@@ -1,4 +1,8 @@
-"""The optima env reused by another RL method: REINFORCE on the embedded task, on CPU.
+"""A minimal example, kept deliberately small: the optima env under a hand-written REINFORCE loop.
+
+For real training use TRL's GRPOTrainer through ``optima_trainers.integrations.trl`` (README,
+"Reuse the env with other RL methods"), or ``python -m optima_trainers.train --trainer grpo``.
+This file shows the env's contract with no library in between.
 
 Nothing Optima-specific is trained here: the PettingZoo env plays the conversation and pays the
 episode reward (task score, token cost, readability when a scorer is given), and a textbook

@@ -9,7 +9,9 @@ For every instance a :class:`~optima_trainers.tree.Tree` of turns is grown by
    sorted by value, the top 10 kept and one sampled with probability ∝ exp(value); the root when
    nothing is left;
 2. **simulate** ``rollouts_per_selection`` conversations from it at temperature 0.7, to the end of
-   the conversation (spec §2.4) or ``max_depth`` turns (the env truncates there);
+   the conversation (spec §2.4) or ``max_depth`` turns (the env truncates there; such a rollout's
+   final answer is ``"error"``, scored by the task, as the reference's depth cut:
+   ``depth_cut="error"``; ``"last_answer"`` keeps the current answer);
 3. **insert** each rollout into the tree (a turn within ``ed / (len(new) + 1) < 0.1`` of an existing
    child is merged into that child) and **back-propagate** its reward as running means.
 
@@ -26,8 +28,14 @@ Where this differs from the reference code (documented deviations):
   on the path), where the reference parsed only the selected node's own turn;
 * a node whose path of texts already ended (possible only through a merged sibling variant) is not
   a selection candidate (replaying it would end the conversation at once);
-* the pair's min/max child is recomputed from current values (``minmax="exact"``); the reference's
-  incremental tracking, which can go stale, is ``minmax="code"``.
+* none by default in the pairs: the reference's incremental min/max-child tracking
+  (``minmax="code"``) can go stale as running means drift; ``minmax="exact"`` recomputes them.
+
+Candidates the similarity filter drops are removed for good, as the reference deletes them from its
+node list: never a candidate again, and never a pair parent unless they were selected
+(``filtered_parents="drop"``). The paper's variants (spec §13): ``edit_distance="max_length"``
+(item 8) and ``pair_rule="shared_ancestor"`` (item 7); with ``MCTSReward(normalizer=None)`` the
+token normalizer is the per-instance max (item 3).
 """
 
 from __future__ import annotations
@@ -38,13 +46,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from optima_env._env_checks import checked_score
 from optima_env.errors import ScoringError, TaskContractError
 from optima_env.policy import ChatPolicy, SamplingParams
-from optima_env.readability import max_turn_loss, score_turns
-from optima_env.reward import RewardConfig, percentile_normalizer, score_episode
-from optima_env.rollout import RolloutJob, job_seed, make_jobs, rollout
+from optima_env.rollout import RolloutJob, job_seed, rollout
 from optima_env.task import Task
 from optima_env.types import Episode
+from optima_trainers.mcts_reward import MCTSReward, estimate_token_normalizer
+from optima_trainers.selection import draw_sample_id
 from optima_trainers.tree import Node, Tree, TreeTrajectory, normalized_edit_distance
 
 __all__ = [
@@ -57,6 +66,9 @@ __all__ = [
     "estimate_token_normalizer",
     "select_node",
 ]
+
+DEPTH_CUT_ANSWER = "error"
+"""The final answer of a tree rollout cut at the depth limit without agreement (reference code)."""
 
 RewardFn = Callable[[Sequence[Episode]], Sequence[float] | Sequence[Episode]]
 """Scores a batch of finished episodes: one float each, or the episodes with ``reward`` filled in."""
@@ -86,8 +98,21 @@ class MCTSConfig:
     """Nucleus sampling of the rollouts (the reference: 1.0)."""
     stop: tuple[str, ...] = ()
     """Stop strings of the rollouts (e.g. :func:`optima_env.policy.speaker_stops`; the reference: none)."""
-    minmax: Literal["exact", "code"] = "exact"
-    """How pairs pick the max/min-value child: recomputed (``exact``) or as tracked (``code``)."""
+    minmax: Literal["exact", "code"] = "code"
+    """How pairs pick the max/min-value child: as tracked during back-propagation (``code``, the
+    reference) or recomputed from the final values (``exact``)."""
+    depth_cut: Literal["error", "last_answer"] = "error"
+    """A rollout cut at ``max_depth`` without agreement: final answer ``"error"`` (the reference),
+    or its current answer (``last_answer``)."""
+    edit_distance: Literal["plus_one", "max_length"] = "plus_one"
+    """Edit-distance normalization of the selection filter and the sibling merge (spec §13 item 8):
+    the reference's ``+ 1`` forms, or the paper's division by the longer length."""
+    pair_rule: Literal["per_parent", "shared_ancestor"] = "per_parent"
+    """Pairs: best vs worst child of each node (the reference), or every two children of a node
+    (the paper's nodes sharing an ancestor, spec §13 item 7)."""
+    filtered_parents: Literal["drop", "keep"] = "drop"
+    """A node the similarity filter removed is never a pair parent unless selected (the reference),
+    or stays one (``keep``)."""
 
     def __post_init__(self) -> None:
         for name in ("num_selections", "rollouts_per_selection", "top_k", "max_depth", "max_new_tokens"):
@@ -98,19 +123,38 @@ class MCTSConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value >= 0:
                 raise TaskContractError(f"MCTSConfig.{name} must be a number >= 0, got {value!r}")
-        if self.minmax not in ("exact", "code"):
-            raise TaskContractError(f"MCTSConfig.minmax must be 'exact' or 'code', got {self.minmax!r}")
+        for name, allowed in (
+            ("minmax", ("exact", "code")),
+            ("depth_cut", ("error", "last_answer")),
+            ("edit_distance", ("plus_one", "max_length")),
+            ("pair_rule", ("per_parent", "shared_ancestor")),
+            ("filtered_parents", ("drop", "keep")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise TaskContractError(
+                    f"MCTSConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
+                )
 
 
-def _far(node: Node, selected: Node, threshold: float) -> bool:
-    return normalized_edit_distance(node.text, selected.text) >= threshold
+def _far(node: Node, selected: Node, config: MCTSConfig) -> bool:
+    distance = normalized_edit_distance(node.text, selected.text, form=config.edit_distance)
+    return distance >= config.select_edit_threshold
 
 
 def select_node(tree: Tree, config: MCTSConfig, rng: random.Random) -> Node:
-    """Choose the node to simulate from (step 1 of the search) and record it as selected."""
-    candidates = [
-        n for n in tree.candidates() if all(_far(n, s, config.select_edit_threshold) for s in tree.selected)
-    ]
+    """Choose the node to simulate from (step 1 of the search) and record it as selected.
+
+    Candidates too close to a previously selected node are removed from the tree's candidates for
+    good (``tree.removed``), as the reference deletes them from its node list.
+    """
+    candidates = []
+    for n in tree.candidates():
+        if n.id in tree.removed:
+            continue
+        if all(_far(n, s, config) for s in tree.selected):
+            candidates.append(n)
+        else:
+            tree.removed.add(n.id)
     if not candidates:
         chosen = tree.root
     else:
@@ -187,7 +231,7 @@ def build_trees(
         trees.append(
             Tree(
                 task_id=task.id,
-                sample_id=samples[index].id,
+                sample_id=draw_sample_id(samples[index].id, key, len(samples)),
                 index=index,
                 split=split,
                 seed=job_seed(seed, key, 0),
@@ -196,6 +240,10 @@ def build_trees(
                 message_format=env_kwargs.get("message_format", "code"),
                 max_depth=config.max_depth,
                 minmax=config.minmax,
+                termination=env_kwargs.get("termination", "repeat"),
+                pair_rule=config.pair_rule,
+                filtered_parents=config.filtered_parents,
+                edit_distance=config.edit_distance,
             )
         )
         rngs.append(random.Random(f"optima-mcts-select/{seed}/{key}"))
@@ -237,6 +285,10 @@ def build_trees(
             # tell them apart, or a per-request-seeded backend would sample the same text thrice
             request_key=lambda job, turn: (job.seed, job.sample % per_node, turn),
         )
+        episodes = [
+            _as_drawn(task, e, trees[job.sample // per_node], samples, config, env_kwargs.get("tokenizer"))
+            for job, e in zip(jobs, episodes)
+        ]
         episodes, rewards = _rewards(reward_fn, episodes)
         for job, episode, reward in zip(jobs, episodes, rewards):
             tree = trees[job.sample // per_node]
@@ -249,6 +301,25 @@ def build_trees(
                 step=step,
             )
     return trees
+
+
+def _as_drawn(
+    task: Task, episode: Episode, tree: Tree, samples: Sequence[Any], config: MCTSConfig, tokenizer: Any
+) -> Episode:
+    """The rollout as its tree records it: the tree's sample id (one per draw), and under
+    ``depth_cut="error"`` a rollout cut at the depth limit gets the final answer ``"error"``, scored
+    by the task (the reference back-propagates ``"error"`` there)."""
+    if episode.sample_id != tree.sample_id:
+        episode = replace(episode, sample_id=tree.sample_id)
+    if config.depth_cut == "error" and episode.end_reason == "max_turns":
+        sample = samples[tree.index]
+        episode = replace(
+            episode,
+            final_answer=DEPTH_CUT_ANSWER,
+            task_score=checked_score(task, DEPTH_CUT_ANSWER, sample, tokenizer=tokenizer),
+            metadata={**episode.metadata, "depth_cut": True},
+        )
+    return episode
 
 
 def _rewards(reward_fn: RewardFn, episodes: list[Episode]) -> tuple[list[Episode], list[float]]:
@@ -280,78 +351,3 @@ def _check_prompts(tree: Tree, episode: Episode) -> None:
             f"tree {tree.sample_id}: two rollouts with the same seed got different system prompts; the "
             f"task's views() must be a function of (sample, rng) only"
         )
-
-
-class MCTSReward:
-    """A ``reward_fn`` for :func:`build_trees`: the Optima reward with a constant token normalizer.
-
-    Readability losses are computed for all turns of a batch of episodes in one call and cached
-    by turn text (each turn is scored alone, so the cache is exact; the replayed prefix turns of a
-    tree are scored once).
-
-    Args:
-        normalizer: the constant token normalizer (see :func:`estimate_token_normalizer`).
-        config: reward weights and special cases (default: the code preset with
-            ``impersonation="mcts"``, which zeroes the task term of an impersonating trajectory).
-        readability: a scorer ``texts -> losses`` (e.g. the frozen base model's
-            :class:`~optima_env.readability.TransformersLMLoss`), or ``None`` to use the episodes'
-            own ``lm_loss`` (the readability term is 0 when that is missing, flagged ``no_readability``).
-    """
-
-    def __init__(
-        self,
-        *,
-        normalizer: float,
-        config: RewardConfig | None = None,
-        readability: Callable[[Sequence[str]], Sequence[float]] | None = None,
-    ) -> None:
-        self.normalizer = normalizer
-        self.config = config or RewardConfig(impersonation="mcts")
-        self.readability = readability
-        self._losses: dict[str, float] = {}
-
-    def score(self, episodes: Sequence[Episode]) -> list[Episode]:
-        """The episodes with ``lm_loss`` (when a scorer is set) and ``reward`` filled in."""
-        if self.readability is not None:
-            missing = sorted({t.text for e in episodes for t in e.turns} - set(self._losses))
-            self._losses.update(zip(missing, score_turns(self.readability, missing)))
-            episodes = [replace(e, lm_loss=self._max_loss(e)) for e in episodes]
-        return [
-            replace(e, reward=score_episode(e, config=self.config, normalizer=self.normalizer))
-            for e in episodes
-        ]
-
-    def _max_loss(self, episode: Episode) -> float | None:
-        return max_turn_loss([self._losses[t.text] for t in episode.turns])
-
-    def __call__(self, episodes: Sequence[Episode]) -> list[float]:
-        return [e.reward.total for e in self.score(episodes) if e.reward is not None]
-
-
-def estimate_token_normalizer(
-    task: Task,
-    policy: ChatPolicy,
-    instance_indices: Sequence[int],
-    *,
-    percentile: float = 85.0,
-    split: str = "train",
-    seed: int = 0,
-    sampling: SamplingParams | None = None,
-    env_kwargs: Mapping[str, Any] | None = None,
-    progress: bool = False,
-) -> tuple[float, list[Episode]]:
-    """The MCTS token normalizer (spec §6.3): one conversation per instance with the current model,
-    then the ``percentile`` of their token counts plus 1 (85 for iDPO, 80 for iSFT-DPO).
-
-    Returns:
-        ``(normalizer, episodes)``.
-    """
-    episodes = rollout(
-        task,
-        policy,
-        jobs=make_jobs(instance_indices, num_samples=1, seed=seed),
-        sampling=sampling or SamplingParams(temperature=0.7, max_new_tokens=2000, seed=seed),
-        env_kwargs={"split": split, **dict(env_kwargs or {})},
-        progress=progress,
-    )
-    return percentile_normalizer([e.num_tokens for e in episodes], percentile), episodes
