@@ -36,9 +36,11 @@ import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from benchmarks.prompts import AUTOFORM_STYLE, NATURAL_STYLE, answer_format, cot_prompt, styled_prompt
 from optima_env.errors import TaskContractError
+from optima_env.families.scoring import score_with_tokenizer, scorer_name
 from optima_env.policy import SamplingParams
 from optima_env.scoring import f1, majority_vote
 from optima_env.task import Task
@@ -91,6 +93,14 @@ class _Wrapped(Task):
 
     def score(self, answer: str | None, sample: TaskSample) -> float:
         return self.inner.score(answer, sample)
+
+    def score_with(self, answer: str | None, sample: TaskSample, *, tokenizer: Any = None) -> float:
+        """The inner task's score with the policy's tokenizer (its token F1, if it has one)."""
+        return score_with_tokenizer(self.inner, answer, sample, tokenizer)
+
+    def scorer_name(self, tokenizer: Any = None) -> str:
+        """The inner task's scorer."""
+        return scorer_name(self.inner, tokenizer)
 
 
 def _evidence(views: Mapping[str, AgentView], sample: TaskSample) -> list[str]:

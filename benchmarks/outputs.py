@@ -38,6 +38,12 @@ def _mean_curve(curves: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, An
     ]
 
 
+def _scorers(groups: Sequence[Sequence[Any]]) -> str:
+    """The task scorers that produced a row's episodes (``episode.metadata["scorer"]``, set by the env)."""
+    names = sorted({str(e.metadata.get("scorer", "unknown")) for g in groups for e in g})
+    return ", ".join(names) or "unknown"
+
+
 def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: EpisodeStore) -> dict[str, Any]:
     """Rows (one per method and task), tasks, methods and scaling curves of a run.
 
@@ -60,6 +66,7 @@ def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: Ep
                 "status": entry.status,
                 "reason": entry.reason,
                 "score": None,
+                "scorer": None,
                 "mean_tokens": None,
                 "episodes": 0,
                 "instances": 0,
@@ -68,6 +75,7 @@ def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: Ep
                 groups = store.select(method.key, entry.task, range(entry.instances), method.samples)
                 reduced = [method.reduce(entry.obj, g) for g in groups]
                 row.update(
+                    scorer=_scorers(groups),
                     score=statistics.fmean(r["score"] for r in reduced),
                     mean_tokens=statistics.fmean(r["tokens"] for r in reduced),
                     episodes=sum(len(g) for g in groups),

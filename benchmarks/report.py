@@ -34,16 +34,21 @@ def _status(row: Mapping[str, Any]) -> str:
 
 
 def long_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """One line per (task, method): score (0-1), mean #tokens per instance, episodes."""
-    lines = ["| task | method | score | mean #tokens | episodes |", "|---|---|---|---|---|"]
+    """One line per (task, method): score (0-1), the scorer that produced it, mean #tokens per
+    instance, episodes."""
+    lines = [
+        "| task | method | score | scorer | mean #tokens | episodes |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r["status"] == "ok":
+            scorer = _cell(r.get("scorer") or "–")
             lines.append(
-                f"| {r['task']} | {_cell(r['method'])} | {r['score']:.3f} | {r['mean_tokens']:.1f} | "
-                f"{r['episodes']} |"
+                f"| {r['task']} | {_cell(r['method'])} | {r['score']:.3f} | {scorer} | "
+                f"{r['mean_tokens']:.1f} | {r['episodes']} |"
             )
         else:
-            lines.append(f"| {r['task']} | {_cell(r['method'])} | {_cell(_status(r))} | – | 0 |")
+            lines.append(f"| {r['task']} | {_cell(r['method'])} | {_cell(_status(r))} | – | – | 0 |")
     return "\n".join(lines) + "\n"
 
 

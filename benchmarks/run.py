@@ -74,7 +74,7 @@ class RunArgs:
     """Options of one benchmark run (each becomes a ``--flag``)."""
 
     suite: str = "smoke"
-    """Suite: smoke, paper, scaling or rollout (its defaults fill every unset flag)."""
+    """Suite: smoke, paper, scaling, rollout, loop or demo (its defaults fill every unset flag)."""
     task: tuple[str, ...] = ()
     """Task id or unique name (repeatable or comma-separated; default: the suite's tasks)."""
     methods: tuple[str, ...] = ()
@@ -295,6 +295,10 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
     if suite.name == "rollout":
         out.mkdir(parents=True, exist_ok=True)
         return _run_rollout_suite(args, out)
+    if suite.name == "loop":
+        from benchmarks.loop_bench import run_loop_suite
+
+        return run_loop_suite(out, model=args.model, seed=args.seed)
     if suite.name == "demo":
         from benchmarks.demo import run_demo
 

@@ -107,6 +107,10 @@ SUITES: dict[str, Suite] = {
         name="rollout",
         description="rollout-engine throughput benchmark (benchmarks.rollout_bench)",
     ),
+    "loop": Suite(
+        name="loop",
+        description="one iSFT and one iDPO iteration per phase, transformers vs CTranslate2 (loop_bench)",
+    ),
     "demo": Suite(
         name="demo",
         description="iSFT trained on 2 CPU cores, then evaluated against the untrained system",

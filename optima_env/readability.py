@@ -1,8 +1,9 @@
 """The readability term's scorer: a frozen base model's LM loss on each turn alone (spec §3).
 
 Each turn is formatted as a single chat message of role ``assistant`` with the tokenizer's chat
-template, no history and no system prompt of ours (a template that injects a default system prompt,
-as SmolLM2's does, keeps it: it is part of how that model reads a lone message). The loss is the
+template, no history and no system prompt, as the reference code does (spec §3). A template that
+injects a default system prompt when none is given (SmolLM2's does) has that block removed
+(``system="none"``, default); ``system="template"`` keeps what the template renders. The loss is the
 mean cross-entropy over the message's content tokens and its end-of-turn marker; the episode's
 ``lm_loss`` is the max over its turns. Scorers are plain callables ``texts -> losses``, so any
 causal LM (or a remote service) can serve; this module ships the transformers one and registers
@@ -19,22 +20,73 @@ from optima_env.errors import BackendError, ScoringError, require
 from optima_env.hookspecs import hookimpl
 from optima_env.specs import ReadabilitySpec
 
-__all__ = ["TransformersLMLoss", "episode_lm_losses", "optima_register_readability_scorers", "turn_template"]
+__all__ = [
+    "SYSTEM_MODES",
+    "TransformersLMLoss",
+    "episode_lm_losses",
+    "optima_register_readability_scorers",
+    "turn_template",
+]
 
 _SENTINEL = "\u2063OPTIMA_CONTENT\u2063"
+_OTHER = "\u2063OPTIMA_OTHER\u2063"
+SYSTEM_MODES = ("none", "template")
 
 
-def turn_template(tokenizer: Any) -> tuple[str, str, str]:
+def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False)
+
+
+def _without_default_system(tokenizer: Any, prefix: str, suffix: str) -> str:
+    """``prefix`` minus the system block the template injected, if it injected one.
+
+    The template's own pieces tell the block apart: a system message renders as
+    ``open + content + close`` before the assistant header, and a second assistant message shows
+    the header alone. When ``prefix`` is ``lead + open + default + close + header`` it becomes
+    ``lead + header``; a template that injects nothing is left as it renders.
+    """
+    try:
+        with_system = _render(
+            tokenizer, [{"role": "system", "content": _OTHER}, {"role": "assistant", "content": _SENTINEL}]
+        )
+        two = _render(
+            tokenizer, [{"role": "assistant", "content": _OTHER}, {"role": "assistant", "content": _SENTINEL}]
+        )
+    except Exception:  # a template that refuses these shapes: keep what it renders
+        return prefix
+    if with_system.count(_OTHER) != 1 or two.count(_OTHER) != 1:
+        return prefix
+    opener, rest = with_system.split(_SENTINEL)[0].split(_OTHER)
+    between = two.split(_OTHER)[1].split(_SENTINEL)[0]
+    if not between.startswith(suffix):
+        return prefix
+    header = between[len(suffix) :]
+    if not (header and rest.endswith(header) and prefix.endswith(header)):
+        return prefix
+    closer, body = rest[: -len(header)], prefix[: -len(header)]
+    at = body.find(opener)
+    if at < 0 or not body.endswith(closer) or len(body) < at + len(opener) + len(closer):
+        return prefix
+    return body[:at] + header
+
+
+def turn_template(tokenizer: Any, *, system: str = "none") -> tuple[str, str, str]:
     """How a lone turn is scored: ``(prefix, scored suffix, unscored suffix)`` around its content.
 
     The chat template renders ``prefix + content + suffix``; the loss covers the content and the
     scored suffix (the end-of-turn marker, trailing whitespace left out). Shared by every scorer
-    so that they score the same tokens.
+    so that they score the same tokens. ``system="none"`` (default, the reference: no system
+    prompt) drops a default system block the template injects into a lone message;
+    ``"template"`` keeps it.
     """
-    rendered = tokenizer.apply_chat_template([{"role": "assistant", "content": _SENTINEL}], tokenize=False)
+    if system not in SYSTEM_MODES:
+        raise ScoringError(f"system must be one of {SYSTEM_MODES}, got {system!r}")
+    rendered = _render(tokenizer, [{"role": "assistant", "content": _SENTINEL}])
     if rendered.count(_SENTINEL) != 1:
         raise BackendError("the chat template does not render an assistant message's content verbatim")
     prefix, suffix = rendered.split(_SENTINEL)
+    if system == "none":
+        prefix = _without_default_system(tokenizer, prefix, suffix)
     scored = suffix.rstrip()
     return prefix, scored, suffix[len(scored) :]
 
@@ -47,14 +99,25 @@ class TransformersLMLoss:
         tokenizer: its (fast) tokenizer with a chat template.
         batch_size: turns per forward pass.
         max_length: longest scored sequence in tokens (longer turns are truncated on the right).
+        system: ``"none"`` (the reference: no system prompt, a template's injected default
+            removed) or ``"template"`` (what the template renders for a lone message).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 16, max_length: int = 2048) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        batch_size: int = 16,
+        max_length: int = 2048,
+        system: str = "none",
+    ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.max_length = max_length
-        self._prefix, self._suffix_scored, self._suffix_rest = turn_template(tokenizer)
+        self.system = system
+        self._prefix, self._suffix_scored, self._suffix_rest = turn_template(tokenizer, system=system)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "embedded", **kwargs: Any) -> TransformersLMLoss:

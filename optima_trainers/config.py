@@ -23,7 +23,9 @@ Every leaf has a dotted name (``reward.lambda_token``, ``dpo.beta``) for presets
    task also restarts SFT from the base model, spec §5 item 8). The task's own reward thresholds
    (``TaskSpec.reward``) apply to both rewards;
 4. the reward preset (:data:`REWARD_PRESETS`: ``code`` keeps the reference's special cases,
-   ``paper`` is Eq. 1 alone);
+   ``paper`` is Eq. 1 alone), then with ``preset="paper"`` the paper's algorithm switches
+   (:data:`FIDELITY_PRESETS`, spec §13 items 1, 2, 3, 7, 8 and 12; ``docs/fidelity.md`` lists
+   every point, its two values and its test);
 5. the compute profile (:data:`PROFILES`: ``paper`` keeps the spec's sizes; ``cpu`` shrinks every
    size to minutes on 2 CPU cores, with LoRA), then the backend's extras for that profile;
 6. explicit overrides (CLI flags and ``--set``).
@@ -44,6 +46,7 @@ from optima_trainers.selection import SelectionConfig
 from optima_trainers.sft import SFTTrainConfig
 
 __all__ = [
+    "FIDELITY_PRESETS",
     "PROFILES",
     "REWARD_PRESETS",
     "GenerationConfig",
@@ -90,6 +93,10 @@ class GenerationConfig:
     its partner in most turns, and the -10 penalty would leave nothing to select."""
     message_format: Literal["code", "alternating"] = "code"
     """Roles of the turns in prompts and training examples (``code``: all ``assistant``)."""
+    termination: Literal["repeat", "all_agents"] = "repeat"
+    """When a conversation ends by agreement (spec §13 item 12): the same answer twice in a row
+    among answer-bearing turns (``repeat``, the reference) or every agent's latest answer the
+    same (``all_agents``, the paper)."""
     agent_models: Mapping[str, str] = field(default_factory=dict)
     """Roles that speak with a fixed model and do not train, e.g. ``{"Bob": "embedded"}`` (agent ->
     ``embedded``, a Hugging Face name, a folder or a checkpoint). The other roles speak with the
@@ -112,8 +119,14 @@ class TreeSearchConfig:
     """Instances (one tree each) per stage (``monte_sample_count``)."""
     normalizer_instances: int = 100
     """Fresh instances played once each to set the token normalizer (spec §6.3)."""
+    normalizer: Literal["percentile", "instance_max"] = "percentile"
+    """The tree reward's token normalizer (spec §13 item 3): the constant percentile of fresh
+    conversations (``percentile``, the reference) or the per-instance max over the tree's rollouts
+    so far (``instance_max``, the paper; no normalizer conversations are played)."""
     normalizer_percentile: float = 85.0
     """Percentile of their token counts, plus 1 (iDPO 85, iSFT-DPO 80)."""
+    normalizer_rounding: Literal["int", "float"] = "int"
+    """``int``: ``int(percentile) + 1`` as the reference computes it; ``float``: unrounded + 1."""
     selections: int = 8
     """Select-simulate-back-propagate rounds per tree."""
     rollouts: int = 3
@@ -124,8 +137,21 @@ class TreeSearchConfig:
     """A candidate this close to an already selected node (``ed / (max len + 1)``) is dropped."""
     merge_edit_threshold: float = 0.1
     """A new turn this close to an existing sibling (``ed / (len(new) + 1)``) is merged into it."""
-    minmax: Literal["exact", "code"] = "exact"
-    """How pairs pick the max/min-value child: recomputed (``exact``) or as tracked (``code``)."""
+    edit_distance: Literal["plus_one", "max_length"] = "plus_one"
+    """Edit-distance normalization (spec §13 item 8): the reference's ``+ 1`` forms above, or the
+    paper's division by the longer length (both the filter and the merge)."""
+    depth_cut: Literal["error", "last_answer"] = "error"
+    """A rollout cut at the depth limit without agreement: final answer ``"error"`` (the reference,
+    scored by the task), or its current answer."""
+    filtered_parents: Literal["drop", "keep"] = "drop"
+    """A node the selection's similarity filter removed is never a pair parent unless it was
+    selected (``drop``, the reference), or stays one (``keep``)."""
+    minmax: Literal["exact", "code"] = "code"
+    """How pairs pick the max/min-value child: as tracked during back-propagation (``code``, the
+    reference; can be stale) or recomputed from the final values (``exact``)."""
+    pair_rule: Literal["per_parent", "shared_ancestor"] = "per_parent"
+    """Pairs (spec §13 item 7): each node's best vs worst child (``per_parent``, the reference), or
+    every two children of a node, which share its whole history (``shared_ancestor``, the paper)."""
     reward: RewardConfig = field(default_factory=lambda: RewardConfig(impersonation="mcts"))
     """The reward of tree trajectories (constant normalizer; impersonation zeroes the task term)."""
     theta_filter: float = 0.4
@@ -259,6 +285,20 @@ REWARD_PRESETS: dict[str, dict[str, Any]] = {
 }
 """``code``: the reference's special cases (spec §3); ``paper``: Eq. 1 alone, no special case."""
 
+FIDELITY_PRESETS: dict[str, dict[str, Any]] = {
+    "code": {},
+    "paper": {
+        "selection.threshold_on": "task",  # §13.1: R_task > θ (code: total reward >= θ)
+        "selection.order": "paper",  # §13.2: threshold, then the top 70% of the survivors
+        "tree.normalizer": "instance_max",  # §13.3: per-instance max (code: 85th percentile + 1)
+        "tree.pair_rule": "shared_ancestor",  # §13.7: node pairs sharing an ancestor
+        "tree.edit_distance": "max_length",  # §13.8: ed / max length (code: + 1 forms)
+        "generation.termination": "all_agents",  # §13.12: all agents give the same answer
+    },
+}
+"""The algorithm switches of spec §13 where the paper and the reference code differ: ``code`` (the
+defaults) and ``paper``, applied with ``preset="paper"`` after the reward preset."""
+
 PROFILES: dict[str, dict[str, Any]] = {
     "paper": {
         "generation.max_turns": 10, "generation.max_new_tokens": 2000, "generation.concurrency": 64,
@@ -361,6 +401,7 @@ def resolve_config(
         _task_presets(task, trainer.name, preset, task.family),
         _task_reward(task.reward),
         REWARD_PRESETS[reward_preset],
+        FIDELITY_PRESETS[preset],  # spec §13: the paper's algorithm switches under preset="paper"
         PROFILES[profile],
         dict(trainer.profiles.get(profile, {})),
         given,

@@ -256,7 +256,9 @@ class IterativeTrainer:
 
     # -- generation -----------------------------------------------------------------------------
     def _indices(self, start: int, count: int) -> list[int]:
-        return [(start + j) % self.num_train for j in range(count)]
+        """Cursor positions ``start, ..., start + count - 1``: each its own draw (job key, sample id);
+        the stages play row ``position % num_train`` (spec §5 item 2: the cursor wraps)."""
+        return list(range(start, start + count))
 
     def _env_kwargs(self, policy: Any, *, diverse: bool = False) -> dict[str, Any]:
         return dict(
@@ -265,6 +267,7 @@ class IterativeTrainer:
             tokenizer=getattr(policy, "tokenizer", None),
             diverse_formats=diverse,
             message_format=self.config.generation.message_format,
+            termination=self.config.generation.termination,
             scoring=False,  # the run scores with its own reward (groups, readability) below
             pm=self.pm,
         )
@@ -319,7 +322,8 @@ class IterativeTrainer:
         cfg = self.config
         seed = stage_seed(cfg.seed, stage.name)
         if stage.generate == "none":  # an online backend: it only needs the stage's instances
-            write_json_atomic(folder / "instances.json", self._indices(cursor, cfg.generation.instances))
+            rows = [p % self.num_train for p in self._indices(cursor, cfg.generation.instances)]
+            write_json_atomic(folder / "instances.json", rows)
             return cursor + cfg.generation.instances
         if stage.generate == "tree":
             tree_start = cursor + cfg.tree.normalizer_instances
@@ -351,6 +355,7 @@ class IterativeTrainer:
             folder=folder,
             seed=seed,
             indices=self._indices(cursor, cfg.generation.instances),
+            num_train=self.num_train,
             init=stage.init,
             readability=lambda: self.scorer,
             env_kwargs=self._env_kwargs,

@@ -1,6 +1,8 @@
 """The host's generation for sampled stages (iSFT and every SFT stage; spec §5), phase by phase.
 
-1. ``generate``: N conversations (``generation.num_samples``) on each of the stage's instances,
+1. ``generate``: N conversations (``generation.num_samples``) on each of the stage's draws (cursor
+   positions: a stage that draws more instances than the split holds plays a row again as its own
+   draw, with its own job key and sample id, :func:`~optima_trainers.selection.draw_sample_id`),
    appended to ``episodes.jsonl`` as each ends and resumed like any rollout; the initialization
    samples with the format-diverse pool (when the task has one) at ``generation.init_temperature``;
 2. ``score``: the frozen base model's readability and the run's reward (``config.reward``, the
@@ -25,6 +27,7 @@ from optima_env.task import Task
 from optima_env.types import Episode
 from optima_trainers.config import TrainConfig
 from optima_trainers.generation import episode_summary, resumable_rollout, score_episodes, with_readability
+from optima_trainers.selection import draw_sample_id
 
 __all__ = ["generate_sample_stage", "read_sample_stage"]
 
@@ -46,9 +49,14 @@ def generate_sample_stage(
     select: Callable[[Sequence[Episode]], list[Episode]],
     on_phase: Callable[[str, float, dict[str, Any]], None],
     progress: bool,
+    num_train: int | None = None,
 ) -> None:
-    """Run (or resume) the generate, score and select phases of one stage into ``folder``."""
+    """Run (or resume) the generate, score and select phases of one stage into ``folder``.
+
+    ``indices`` are cursor positions (``position % num_train`` is the row played; without
+    ``num_train`` they must be row indices of the split)."""
     gen = config.generation
+    size = num_train or len(task.samples(config.split))
     scored_path, selected_path = folder / "scored.jsonl", folder / "selected.jsonl"
     if not scored_path.is_file():
         started = time.perf_counter()
@@ -58,6 +66,7 @@ def generate_sample_stage(
             task,
             policy,
             jobs=make_jobs(indices, gen.num_samples, seed),
+            reset_options=lambda job: {"index": job.index % size},
             path=folder / "episodes.jsonl",
             sampling=SamplingParams(
                 temperature=gen.init_temperature if init else gen.temperature,
@@ -71,6 +80,7 @@ def generate_sample_stage(
             progress=progress,
         )
         release(policy)
+        episodes = [_as_drawn(e, size) for e in episodes]
         on_phase("generate", started, {"cursor": indices[0] if indices else 0})
         started = time.perf_counter()
         scored = score_episodes(with_readability(episodes, readability()), config=config.reward)
@@ -96,6 +106,14 @@ def read_sample_stage(folder: Path) -> tuple[list[Episode], list[Episode], dict[
         "select/tokens": _mean([float(e.num_tokens) for e in selected]),
     }
     return scored, selected, metrics
+
+
+def _as_drawn(episode: Episode, size: int) -> Episode:
+    """The episode under its draw's sample id (its job's cursor position tells the cycle)."""
+    import dataclasses
+
+    drawn = draw_sample_id(episode.sample_id, int(episode.metadata["job"][0]), size)
+    return episode if drawn == episode.sample_id else dataclasses.replace(episode, sample_id=drawn)
 
 
 def _mean(values: Sequence[float]) -> float:

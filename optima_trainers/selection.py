@@ -9,7 +9,9 @@ Per instance the best trajectory by total reward (the first one on ties, as ``np
 * ``paper`` order (Alg. 2): drop rewards below ``theta`` first, then keep the slice of the
   survivors.
 
-The threshold tests the TOTAL reward with ``>=`` (code). Impersonation cleaning: the reward of a
+The threshold tests the TOTAL reward with ``>=`` (code, ``threshold_on="total"``); the paper's
+Eq. 3 tests the task score strictly, ``R_task > theta`` (``threshold_on="task"``, spec §13 item 1).
+Impersonation cleaning: the reward of a
 trajectory in which an agent speaks for another carries the ``impersonation_sft`` flag (and -10,
 :mod:`optima_env.reward`); with ``drop_impersonation`` such a trajectory is also removed after the
 threshold, so that no threshold, however low, lets it through.
@@ -25,7 +27,7 @@ from typing import Any, Literal
 from optima_env.errors import DataError, TaskContractError
 from optima_env.types import Episode
 
-__all__ = ["SelectionConfig", "best_per_instance", "select_isft"]
+__all__ = ["SelectionConfig", "best_per_instance", "draw_sample_id", "select_isft"]
 
 IMPERSONATION_FLAG = "impersonation_sft"
 
@@ -35,7 +37,11 @@ class SelectionConfig:
     """How iSFT picks its training trajectories."""
 
     theta: float = 0.5
-    """Keep a trajectory only if its total reward is ``>= theta`` (θ_sft)."""
+    """θ_sft: keep a trajectory only if its total reward is ``>= theta`` (or, with
+    ``threshold_on="task"``, its task score is ``> theta``)."""
+    threshold_on: Literal["total", "task"] = "total"
+    """What θ_sft tests: the total reward with ``>=`` (the reference code) or the task score with
+    ``>`` (the paper's Eq. 3, spec §13 item 1)."""
     keep: tuple[float, float] = (0.0, 0.7)
     """Slice of the reward-sorted instances to keep, as fractions (MATH: ``(0.1, 0.8)``)."""
     order: Literal["code", "paper"] = "code"
@@ -54,6 +60,8 @@ class SelectionConfig:
             raise TaskContractError(
                 f"keep must be a slice (lo, hi) with 0 <= lo < hi <= 1, got {self.keep!r}"
             )
+        if self.threshold_on not in ("total", "task"):
+            raise TaskContractError(f"threshold_on must be 'total' or 'task', got {self.threshold_on!r}")
         if self.order not in ("code", "paper"):
             raise TaskContractError(f"order must be 'code' or 'paper', got {self.order!r}")
         if (
@@ -73,7 +81,7 @@ class SelectionConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> SelectionConfig:
         """Build from a plain dict (the ``config`` of the selection hook); unknown keys are ignored."""
-        fields = {"theta", "keep", "order", "drop_impersonation", "min_task_score"}
+        fields = {"theta", "threshold_on", "keep", "order", "drop_impersonation", "min_task_score"}
         values = {k: v for k, v in data.items() if k in fields}
         if "keep" in values:
             values["keep"] = tuple(values["keep"])
@@ -83,6 +91,7 @@ class SelectionConfig:
         """A JSON-ready dict (what the loop passes to the selection hook)."""
         return {
             "theta": self.theta,
+            "threshold_on": self.threshold_on,
             "keep": list(self.keep),
             "order": self.order,
             "drop_impersonation": self.drop_impersonation,
@@ -97,6 +106,26 @@ def _total(episode: Episode) -> float:
             "with optima_env.reward.score_group before selecting"
         )
     return episode.reward.total
+
+
+def draw_sample_id(sample_id: str, position: int, split_size: int) -> str:
+    """The sample id of the draw at cursor ``position`` of a split of ``split_size`` instances.
+
+    A stage that draws more instances than the split holds (ARC-C: 2000 draws of 1119 rows) plays
+    some rows twice; as in the reference, every draw is its own group (its own best trajectory,
+    its own place in the top 70%), so a repeated draw gets the id ``<id>@<cycle>``.
+
+    >>> draw_sample_id("arc-7", 7, 10), draw_sample_id("arc-7", 17, 10)
+    ('arc-7', 'arc-7@1')
+    """
+    cycle = position // split_size
+    return sample_id if cycle == 0 else f"{sample_id}@{cycle}"
+
+
+def _passes(episode: Episode, config: SelectionConfig) -> bool:
+    if config.threshold_on == "task":
+        return episode.task_score > config.theta
+    return _total(episode) >= config.theta
 
 
 def best_per_instance(episodes: Sequence[Episode]) -> list[Episode]:
@@ -124,16 +153,16 @@ def select_isft(episodes: Sequence[Episode], config: SelectionConfig | None = No
     ...         gold=("x",), task_score=0, terminated=False, truncated=True, end_reason="max_turns",
     ...         num_tokens=1, system_prompts={}, base_system_prompts={}, reward=r)
     >>> [e.sample_id for e in select_isft([ep("a", .9), ep("b", .2), ep("c", .6)], SelectionConfig(theta=.5))]
-    ['a']
+    ['a', 'c']
     """
     config = config or SelectionConfig()
     if config.min_task_score is not None:
         episodes = [e for e in episodes if e.task_score >= config.min_task_score]
     ranked = sorted(best_per_instance(episodes), key=_total, reverse=True)
     if config.order == "code":
-        chosen = [e for e in _slice(ranked, config.keep) if _total(e) >= config.theta]
+        chosen = [e for e in _slice(ranked, config.keep) if _passes(e, config)]
     else:
-        chosen = _slice([e for e in ranked if _total(e) >= config.theta], config.keep)
+        chosen = _slice([e for e in ranked if _passes(e, config)], config.keep)
     if config.drop_impersonation:
         chosen = [e for e in chosen if IMPERSONATION_FLAG not in (e.reward.flags if e.reward else ())]
     return chosen

@@ -88,10 +88,13 @@ def generate_tree_stage(
 
     gen, tree_cfg = config.generation, config.tree
     started = time.perf_counter()
+    if tree_cfg.normalizer == "instance_max":  # the paper's per-instance max needs no fresh conversations
+        normalizer_indices = []
     episodes = resumable_rollout(
         task,
         policy,
-        jobs=make_jobs(normalizer_indices, 1, seed),
+        jobs=make_jobs(normalizer_indices, 1, seed),  # cursor positions: each draw its own job
+        reset_options=lambda job: {"index": job.index % num_train},
         path=folder / "normalizer.jsonl",
         sampling=SamplingParams(
             temperature=gen.temperature,
@@ -104,8 +107,13 @@ def generate_tree_stage(
         concurrency=gen.concurrency,
         progress=progress,
     )
-    normalizer = percentile_normalizer([e.num_tokens for e in episodes], tree_cfg.normalizer_percentile)
-    on_phase("normalizer", started, {"normalizer": normalizer})
+    normalizer: float | None = None
+    if tree_cfg.normalizer == "percentile":
+        counts = [e.num_tokens for e in episodes]
+        normalizer = percentile_normalizer(
+            counts, tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding
+        )
+    on_phase("normalizer", started, {"normalizer": normalizer or 0.0})
 
     started = time.perf_counter()
     reward = MCTSReward(normalizer=normalizer, config=tree_cfg.reward, readability=readability)
@@ -121,6 +129,10 @@ def generate_tree_stage(
         top_p=gen.top_p,
         stop=stops,
         minmax=tree_cfg.minmax,
+        depth_cut=tree_cfg.depth_cut,
+        edit_distance=tree_cfg.edit_distance,
+        pair_rule=tree_cfg.pair_rule,
+        filtered_parents=tree_cfg.filtered_parents,
     )
     mcts_env = {k: v for k, v in env_kwargs.items() if k not in ("split", "max_turns", "diverse_formats")}
     per_chunk = max(1, gen.concurrency // max(1, tree_cfg.rollouts))
@@ -178,7 +190,9 @@ def read_tree_stage(
     counts = [e.num_tokens for e in read_episodes(folder / "normalizer.jsonl")]
     n = max(1, len(trees))
     metrics = {
-        "mcts/normalizer": percentile_normalizer(counts, config.tree.normalizer_percentile)
+        "mcts/normalizer": percentile_normalizer(
+            counts, config.tree.normalizer_percentile, rounding=config.tree.normalizer_rounding
+        )
         if counts
         else 0.0,
         "mcts/trees": float(len(trees)),

@@ -52,6 +52,9 @@ class CTranslate2LMLoss:
         intra_threads: OpenMP threads (0: CTranslate2's default).
         batch_size: turns per scoring batch.
         max_length: longest scored sequence in tokens (longer turns are truncated on the right).
+        system: as :class:`~optima_env.readability.TransformersLMLoss` (``"none"``: no system
+            prompt, a template's injected default removed; ``"template"``: kept), so that both
+            scorers render a turn identically.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class CTranslate2LMLoss:
         intra_threads: int = 0,
         batch_size: int = 16,
         max_length: int = 2048,
+        system: str = "none",
     ) -> None:
         ctranslate2 = require("ctranslate2", "ct2")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -72,7 +76,8 @@ class CTranslate2LMLoss:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.max_length = max_length
-        self._prefix, self._suffix_scored, self._suffix_rest = turn_template(tokenizer)
+        self.system = system
+        self._prefix, self._suffix_scored, self._suffix_rest = turn_template(tokenizer, system=system)
         try:
             self.generator = ctranslate2.Generator(
                 str(model_dir), device="cpu", compute_type=compute_type, intra_threads=intra_threads
@@ -89,9 +94,11 @@ class CTranslate2LMLoss:
         *,
         compute_type: str = DEFAULT_COMPUTE_TYPE,
         cache_root: str | os.PathLike[str] | None = None,
+        dtype: str | None = None,
         **kwargs: Any,
     ) -> CTranslate2LMLoss:
-        """Convert the frozen base model once (cached by content hash) and load it."""
+        """Convert the frozen base model once (cached by content hash) and load it. ``dtype`` (the
+        torch dtype every readability factory receives) is unused: ``compute_type`` sets the weights."""
         require("ctranslate2", "ct2")
         from optima_env.backends.ct2_convert import convert_model
 

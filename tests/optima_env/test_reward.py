@@ -98,8 +98,12 @@ def test_impersonation_sft_subtracts_ten_and_mcts_zeroes_task() -> None:
     assert is_impersonating(ep.turns[0], ep.agents)
     sft = score_episode(ep, config=RewardConfig(impersonation="sft"), normalizer=60)
     assert sft.total == pytest.approx(1.0 - 0.6 + 0.5 - 10)
-    mcts = score_episode(ep, config=RewardConfig(impersonation="mcts"), normalizer=60)
+    whole = RewardConfig(impersonation="mcts", mcts_turn_scan=False)
+    mcts = score_episode(ep, config=whole, normalizer=60)
     assert mcts.task == 0.0 and mcts.total == pytest.approx(0.0 - 0.6 + 0.5)
+    # the reference's scan: the impersonating turn is the first, so no turn is scored (readability 0)
+    scan = score_episode(ep, config=RewardConfig(impersonation="mcts"), normalizer=60)
+    assert (scan.task, scan.readability, scan.total) == (0.0, 0.0, pytest.approx(-0.6))
     off = score_episode(ep, config=RewardConfig(impersonation="off"), normalizer=60)
     assert off.total == pytest.approx(1.0 - 0.6 + 0.5)
 
@@ -153,6 +157,7 @@ def test_group_rejects_mixed_instances_and_accepts_a_constant_normalizer() -> No
 
 def test_percentile_normalizer_is_percentile_plus_one() -> None:
     counts = list(range(1, 101))  # numpy linear interpolation: 85th percentile of 1..100 = 85.15
-    assert percentile_normalizer(counts, 85) == pytest.approx(86.15)
+    assert percentile_normalizer(counts, 85) == 86.0  # the reference: int(85.15) + 1
+    assert percentile_normalizer(counts, 85, rounding="float") == pytest.approx(86.15)
     with pytest.raises(ScoringError):
         percentile_normalizer([], 85)

@@ -95,10 +95,10 @@ def test_three_agent_debate_has_peers_without_fixed_roles(fixtures: Path) -> Non
 
 # -- answers through the task: extraction, termination and scoring ----------------------------------
 def test_math_frac_against_decimal_through_the_task(fixtures: Path) -> None:
-    env = make("math", data_dir=fixtures, split="test")  # gold \frac{1}{2}
+    env = make("math", data_dir=fixtures, split="test", math_answers="lenient")  # gold \frac{1}{2}
     episode = play(env, ["2/4 = \\boxed{0.5}", "check the reduction", "yes, \\boxed{.5}"])
     assert episode.terminated and episode.final_answer == "0.5" and episode.task_score == 1.0
-    # normalized extraction: \dfrac12 and 1/2 are the same answer, so the agents agree
+    # lenient extraction: \dfrac12 and 1/2 are the same answer, so the agents agree
     episode = play(env, ["\\boxed{\\dfrac12}", "ok", "\\boxed{1/2}"])
     assert [t.answer for t in episode.turns] == ["\\frac{1}{2}", None, "\\frac{1}{2}"]
     assert episode.end_reason == "agreement" and episode.task_score == 1.0
@@ -107,11 +107,27 @@ def test_math_frac_against_decimal_through_the_task(fixtures: Path) -> None:
     assert make_task("math", data_dir=fixtures).extract_answer("no box here") is None
 
 
+def test_math_code_termination_compares_the_reference_normalized_strings(fixtures: Path) -> None:
+    env = make("math", data_dir=fixtures, split="test")  # gold \frac{1}{2}; math_answers="code"
+    # the reference normalizer: \dfrac12 -> \dfrac{1}{2} (shorthand fixed, "d" kept); 1/2 stays 1/2
+    turns = ["\\boxed{\\dfrac12}", "ok", "\\boxed{1/2}", "yes \\boxed{1/2}"]
+    episode = play(env, turns)
+    assert [t.answer for t in episode.turns] == ["\\dfrac{1}{2}", None, "1/2", "1/2"]
+    assert episode.end_reason == "agreement" and len(episode.turns) == 4
+    # ".5" is not "0.5" for the reference normalizer: no agreement after three turns
+    episode = play(env, ["\\boxed{0.5}", "check", "\\boxed{.5}", "\\boxed{.5}"])
+    assert [t.answer for t in episode.turns] == ["0.5", None, ".5", ".5"] and len(episode.turns) == 4
+
+
 def test_gsm8k_numeric_and_code_modes(fixtures: Path) -> None:
     env = make("gsm8k", data_dir=fixtures, split="test")  # gold 12
+    # the reference: \$12.00 dollars -> "12.00" ("\$", spaces and "dollars" removed) != "12"
+    episode = play(env, ["3*4 = \\boxed{\\$12.00 dollars}", "units ok", "\\boxed{12.00}"])
+    assert episode.final_answer == "12.00" and episode.task_score == 0.0
+    env = make("gsm8k", data_dir=fixtures, split="test", gsm8k_mode="numeric")
     episode = play(env, ["3*4 = \\boxed{\\$12.00 dollars}", "units ok", "\\boxed{12.00}"])
     assert episode.final_answer == "12.00" and episode.task_score == 1.0
-    code = make_task("gsm8k", data_dir=fixtures, gsm8k_mode="code")
+    code = make_task("gsm8k", data_dir=fixtures)
     assert (
         code.score("12.00", code.samples("test")[0]) == 0.0 and code.score("12", code.samples("test")[0]) == 1
     )
@@ -120,7 +136,7 @@ def test_gsm8k_numeric_and_code_modes(fixtures: Path) -> None:
 
 
 def test_arc_accepts_option_letters_and_labels_unless_strict(fixtures: Path) -> None:
-    arc = make_task("arc_challenge", data_dir=fixtures)
+    arc = make_task("arc_challenge", data_dir=fixtures, strict_choice=False)
     sun, balance = arc.samples("test")  # labels A-D; labels 1-3
     assert [arc.score(a, sun) for a in ("B", "(B)", "Answer: B", "the sun.", "A", "the Moon")] == [
         1,
@@ -131,11 +147,15 @@ def test_arc_accepts_option_letters_and_labels_unless_strict(fixtures: Path) -> 
         0,
     ]
     assert [arc.score(a, balance) for a in ("2", "a balance", "B", "1")] == [1, 1, 0, 0]
-    strict = make_task("arc_challenge", data_dir=fixtures, strict_choice=True)
-    assert [strict.score(a, sun) for a in ("B", " The Sun ", "the sun.")] == [0, 1, 0]
-    env = make("arc_challenge", data_dir=fixtures, split="test")
+    strict = make_task("arc_challenge", data_dir=fixtures)  # the default: the reference's rule
+    assert [strict.score(a, sun) for a in ("B", " The Sun ", "the sun.", "\\the Sun\\")] == [0, 1, 0, 1]
+    env = make("arc_challenge", data_dir=fixtures, split="test", strict_choice=False)
     episode = play(env, ["light source -> <A>B</A>", "are mirrors sources?", "<A>B</A>"])
     assert episode.final_answer == "B" and episode.task_score == 1.0
+    env = make("arc_challenge", data_dir=fixtures, split="test")
+    episode = play(env, ["light source -> <A>B</A>", "are mirrors sources?", "<A>B</A>"])
+    assert episode.final_answer == "B" and episode.task_score == 0.0
+    assert episode.metadata["scorer"] == "exact-match"
 
 
 # -- scripted episodes on real rows ------------------------------------------------------------------

@@ -1,0 +1,36 @@
+"""``--suite loop`` end to end on a tiny random model: both engines, per phase, resumable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.benchmarks.bench_helpers import assert_png
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_loop_suite_times_both_engines_per_phase_and_resumes(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    pytest.importorskip("ctranslate2")
+    from benchmarks.loop_bench import run_loop_suite
+    from tests.optima_trainers.tiny_model import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "loop"
+    results = run_loop_suite(out, model=str(model))
+    measured = {(r["backend"], r["trainer"]): r for r in results["rows"] if r["measured"]}
+    assert set(measured) == {("hf", "isft"), ("hf", "idpo"), ("ct2", "isft"), ("ct2", "idpo")}
+    assert {"generate", "score", "select", "train"} <= set(measured[("ct2", "isft")]["phases"])
+    assert {"normalizer", "mcts", "train"} <= set(measured[("hf", "idpo")]["phases"])
+    assert measured[("hf", "idpo")]["stage"] == "iter_01"
+    assert "one isft iteration (iter_00), end to end" in results["ratios"]
+    assert results["sft"]["sft_alone_s"] > 0 and results["sft"]["examples"] > 0
+    config = json.loads((out / "ct2" / "isft" / "config.json").read_text())
+    assert config["generation"]["backend"] == "ct2" and config["readability_scorer"] == "ct2"
+    assert "| ratio (transformers / CTranslate2, same run) |" in (out / "results.md").read_text()
+    assert_png(out / "loop.png")
+    again = run_loop_suite(out, model=str(model))  # resumes: nothing is generated or trained again
+    assert again["rows"] == results["rows"] and again["sft"] == results["sft"]
