@@ -198,6 +198,7 @@ def load_policy(
     base_urls: Sequence[str] = (),
     api_key_env: str | None = "OPENAI_API_KEY",
     tokenizer: str | None = None,
+    **options: Any,
 ) -> tuple[ChatPolicy, Any]:
     """``(policy, tokenizer)`` for ``model``; the tokenizer is ``None`` for the scripted policy.
 
@@ -206,6 +207,8 @@ def load_policy(
     any OpenAI-compatible server at ``base_urls`` (:class:`~optima_env.backends.openai.OpenAIChatPolicy`,
     ``model`` being the name the server serves; the API key is read from ``$api_key_env``), whose
     turns are counted with ``tokenizer`` (a model name or folder; ``None``: the regex approximation).
+    ``options`` go to the local backend's constructor (``vllm``: ``tensor_parallel_size``,
+    ``data_parallel_size``, ``gpu_memory_utilization``).
 
     Raises:
         TaskContractError: an unknown backend, a URL as ``model``, or ``openai`` without ``base_urls``.
@@ -219,7 +222,7 @@ def load_policy(
         for name in dict.fromkeys(per_agent.values()):
             loaded[name] = load_policy(
                 name, backend=backend, batch_size=batch_size, base_urls=base_urls,
-                api_key_env=api_key_env, tokenizer=tokenizer,
+                api_key_env=api_key_env, tokenizer=tokenizer, **options,
             )  # fmt: skip
         first = next(iter(per_agent.values()))
         policies = {agent: loaded[name][0] for agent, name in per_agent.items()}
@@ -232,5 +235,5 @@ def load_policy(
             model, base_urls=base_urls, api_key_env=api_key_env, tokenizer=tokenizer, batch_size=batch_size
         )
     _verify_if_checkpoint(model)
-    policy = backends.load_policy(model, backend=backend, batch_size=batch_size)
+    policy = backends.load_policy(model, backend=backend, batch_size=batch_size, **options)
     return policy, policy.tokenizer

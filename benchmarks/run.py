@@ -95,6 +95,13 @@ class RunArgs:
     tokenizer: str | None = None
     """--backend openai: the tokenizer (Hugging Face name or folder) that counts each turn's tokens
     (default: the regex approximation)."""
+    vllm_tensor_parallel_size: int = 1
+    """--backend vllm: GPUs the engine shards the model over (vLLM's tensor_parallel_size)."""
+    vllm_data_parallel_size: int = 1
+    """--backend vllm: engine replicas; vLLM's offline engine takes 1 (for more, serve the model with
+    `vllm serve MODEL --data-parallel-size N` and use --backend openai --base-url URL)."""
+    vllm_gpu_memory_utilization: float = 0.9
+    """--backend vllm: share of each GPU's memory vLLM may take (on CPUs: of host memory)."""
     episodes: int | None = None
     """Instances per task (the first N of the split; default: the suite's)."""
     split: str = "test"
@@ -141,6 +148,18 @@ class BenchConfig:
 
     reward: RewardConfig = field(default_factory=RewardConfig)
     """The reward of every episode (its breakdown is in episodes.jsonl, the report and the viewer)."""
+
+
+def vllm_options(args: RunArgs, backend: str) -> dict[str, Any]:
+    """vLLM's scale switches from the ``--vllm-*`` flags (``--backend vllm`` only; passed to
+    :meth:`optima_env.backends.vllm.VLLMPolicy.from_pretrained`)."""
+    if backend != "vllm":
+        return {}
+    return {
+        "tensor_parallel_size": args.vllm_tensor_parallel_size,
+        "data_parallel_size": args.vllm_data_parallel_size,
+        "gpu_memory_utilization": args.vllm_gpu_memory_utilization,
+    }
 
 
 def bench_config(args: RunArgs) -> BenchConfig:
@@ -360,7 +379,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
         methods, entries, store, settings=settings, split=args.split, concurrency=args.concurrency,
         backend=backend, default_model=args.model,
         policy_options={"base_urls": args.base_url, "api_key_env": args.api_key_env or None,
-                        "tokenizer": args.tokenizer},
+                        "tokenizer": args.tokenizer, **vllm_options(args, backend)},
     )  # fmt: skip
 
     wall = round(time.time() - started, 1)

@@ -87,6 +87,13 @@ class GenerationConfig:
     """CTranslate2's weight type (``backend="ct2"`` only; int8 is the CPU default)."""
     concurrency: int = 32
     """Conversations in flight (the generation batch size)."""
+    vllm_tensor_parallel_size: int = 1
+    """``backend="vllm"``: GPUs one engine shards the model over (vLLM's ``tensor_parallel_size``)."""
+    vllm_data_parallel_size: int = 1
+    """``backend="vllm"``: engine replicas (``data_parallel_size``); vLLM's offline engine takes 1
+    only (one rank per process), so more is refused with what to do instead (README "Scaling out")."""
+    vllm_gpu_memory_utilization: float = 0.9
+    """``backend="vllm"``: share of each GPU's memory vLLM may take (on CPUs: of host memory)."""
     stop_at_speaker_tags: bool = False
     """Cut a turn where it starts writing an agent's ``"Name:"`` tag. The reference code does not
     (it penalizes impersonation afterwards); the cpu profile does, because a 135M model speaks for
@@ -108,6 +115,26 @@ class GenerationConfig:
         for name in ("temperature", "init_temperature"):
             _number(f"generation.{name}", getattr(self, name), low=0.0)
         _number("generation.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        for name in ("vllm_tensor_parallel_size", "vllm_data_parallel_size"):
+            _positive_int(f"generation.{name}", getattr(self, name))
+        _number(
+            "generation.vllm_gpu_memory_utilization",
+            self.vllm_gpu_memory_utilization,
+            low=0.0,
+            high=1.0,
+            low_open=True,
+        )
+
+    def policy_options(self) -> dict[str, Any]:
+        """The backend's own keyword arguments for :func:`optima_env.backends.loading.load_policy`
+        (``vllm``: its scale switches; the other backends take none from here)."""
+        if self.backend != "vllm":
+            return {}
+        return {
+            "tensor_parallel_size": self.vllm_tensor_parallel_size,
+            "data_parallel_size": self.vllm_data_parallel_size,
+            "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -237,7 +237,8 @@ class IterativeTrainer:
         checkpoint = folder / "checkpoint"
         if is_complete(checkpoint):
             return StageOutcome(result=require_complete(checkpoint))
-        discard_partial(checkpoint)
+        if _rank() == 0:  # only the main process writes (and cleans) the run folder
+            discard_partial(checkpoint)
         outcome = self.pm.hook.optima_train_stage(stage=stage, start_model=start_model, output_dir=checkpoint)
         if not isinstance(outcome, StageOutcome):
             raise PluginError(
@@ -287,6 +288,7 @@ class IterativeTrainer:
             batch_size=gen.concurrency,
             dtype=self.config.dtype,
             compute_type=gen.compute_type,
+            **gen.policy_options(),
         )
 
     @staticmethod

@@ -6,22 +6,23 @@ chat template, the mean loss over its content tokens and end-of-turn marker), fr
 log-likelihoods that ``score_batch`` returns. It is registered as ``ct2`` through the
 ``optima_register_readability_scorers`` hook, beside ``transformers``.
 
-Measured against the fp32 transformers loss on 48 real turns (the embedded model playing
-``ie/synth-v0`` at T=0.7, 48 new tokens per turn; ``test_readability_through_ct2_against_fp32_transformers``
-in ``tests/optima_env/test_backends_ct2.py``, CTranslate2 4.8.5, SmolLM2-135M-Instruct):
+Measured against the fp32 transformers loss on real turns (two sets of 48, the embedded model
+playing ``ie/synth-v0`` at T=0.7 with 48 new tokens per turn;
+``test_readability_through_ct2_against_fp32_transformers`` in
+``tests/optima_env/test_backends_ct2.py``, CTranslate2 4.8.5, SmolLM2-135M-Instruct):
 
 =============  ==================  ================  ====================================
 compute type   mean |difference|   max |difference|  48 synthetic turns, 1 thread (shared)
 =============  ==================  ================  ====================================
 float32        1.3e-4              1.6e-4            13.6 s (transformers fp32: 17.5 s)
-int8           0.062               0.20              7.3 s
+int8           0.062 - 0.074       0.20 - 0.28       7.3 s
 =============  ==================  ================  ====================================
 
 The default is ``float32``: it gives the transformers loss to within 2e-4 nats, so rewards, the
 data selection and the MCTS normalizer stay what they are under the transformers scorer, and it
-is still a little faster. int8 is about twice as fast again but moves a turn's loss by 0.06 nats
-on average and up to 0.2; choose it with ``compute_type="int8"`` where scoring time matters more
-than a reward that differs from the transformers one.
+is still a little faster. int8 is about twice as fast again but moves a turn's loss by about
+0.07 nats on average and up to 0.28; choose it with ``compute_type="int8"`` where scoring time
+matters more than a reward that differs from the transformers one.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from optima_env.backends.hf import render_prompt
-from optima_env.errors import BackendError, require
+from optima_env.errors import BackendError, TaskContractError, require
 from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
 
 __all__ = ["VLLMPolicy"]
@@ -55,6 +55,7 @@ class VLLMPolicy:
         *,
         dtype: str = "auto",
         tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
         max_model_len: int = 4096,
         gpu_memory_utilization: float = 0.9,
         enable_prefix_caching: bool = True,
@@ -70,6 +71,11 @@ class VLLMPolicy:
             name_or_path: the model (``embedded`` is converted once, see :mod:`optima_env.models`).
             dtype: ``auto``, ``float32``, ``bfloat16``, ... (``float32`` on CPUs without bf16).
             tensor_parallel_size: GPUs to shard the model over.
+            data_parallel_size: engine replicas; only 1 here: vLLM's offline engine runs one
+                data-parallel rank per process and refuses more (``LLM(data_parallel_size=N) is
+                not supported for single-process usage``). For data parallelism serve the model
+                with ``vllm serve MODEL --data-parallel-size N`` (or start N servers) and use
+                :class:`~optima_env.backends.openai.OpenAIChatPolicy` (``--backend openai``).
             max_model_len: the longest prompt plus reply, in tokens.
             gpu_memory_utilization: share of GPU memory (of host memory on CPUs) vLLM may take.
             enable_prefix_caching: reuse KV states of shared prompt prefixes.
@@ -81,6 +87,25 @@ class VLLMPolicy:
             **llm_kwargs: passed to ``vllm.LLM`` as is (on CPUs ``max_num_batched_tokens``
                 defaults to 32768, so that a seeded batch rarely needs splitting).
         """
+        for name, value in (
+            ("tensor_parallel_size", tensor_parallel_size),
+            ("data_parallel_size", data_parallel_size),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TaskContractError(f"{name} must be an int >= 1, got {value!r}")
+        if data_parallel_size > 1:
+            raise TaskContractError(
+                f"data_parallel_size={data_parallel_size}: vLLM's offline engine runs one data-parallel "
+                "rank per process; serve the model with `vllm serve MODEL --data-parallel-size "
+                f"{data_parallel_size}` (or start {data_parallel_size} servers) and generate with "
+                "--backend openai --base-url URL [--base-url URL ...], or set data_parallel_size=1 "
+                "and shard one engine over the GPUs with tensor_parallel_size"
+            )
+        if not 0 < gpu_memory_utilization <= 1:
+            raise TaskContractError(
+                f"gpu_memory_utilization must lie in (0, 1] (a share of each GPU's memory, of host memory "
+                f"on CPUs), got {gpu_memory_utilization!r}"
+            )
         vllm = require("vllm", "vllm")
         from optima_env.models import resolve_model_path
 

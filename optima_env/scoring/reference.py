@@ -8,8 +8,9 @@
   box), ``\\fbox`` is not a box; then :func:`normalize_final_answer`.
 * :func:`normalize_final_answer`: ``normalize_final_answer`` of Lewkowycz et al. (2022) as the
   reference copies it, character for character (its quirks included: ``"ft"`` is cut out of
-  ``\\left``, ``"a "`` out of ``\\delta x``). The one rewritten step is the ``$...$`` regex, run per
-  line in linear time with the same result.
+  ``\\left``, ``"a "`` out of ``\\delta x``). Its ``$...$``, ``\\text{}``, ``\\textbf{}``,
+  ``\\overline{}`` and ``\\boxed{}`` regexes are run as linear-time rewrites, line by line, with the
+  same result (:mod:`optima_env.scoring.math_norm` has them).
 * :func:`reference_exact_match`: ``gold.strip().lower() == answer.strip().strip("\\\\").lower()``,
   the training reward of GSM8K, ARC-Challenge and MMLU (``score_type="exact-match"``).
 
@@ -21,9 +22,11 @@ available as the tasks' named options.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from optima_env.scoring._validate import check_optional_str, check_str
 from optima_env.scoring.extract import extract_tagged
+from optima_env.scoring.math_norm import _keep_first_math_span, _unwrap_boxed_greedy, _unwrap_lazy
 
 __all__ = ["normalize_final_answer", "parse_boxed_answer", "parse_tagged_answer", "reference_exact_match"]
 
@@ -47,10 +50,6 @@ _REMOVED_EXPRESSIONS = (
     "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;",
     r",\!", "{,}", '"', "\\dots",
 )  # fmt: skip
-_TEXT = re.compile(r"(\\text\{)(.*?)(\})")
-_TEXTBF = re.compile(r"(\\textbf\{)(.*?)(\})")
-_OVERLINE = re.compile(r"(\\overline\{)(.*?)(\})")
-_BOXED = re.compile(r"(\\boxed\{)(.*)(\})")
 _FRAC = re.compile(r"(frac)([^{])(.)")
 _SQRT = re.compile(r"(sqrt)([^{])")
 
@@ -106,11 +105,10 @@ def normalize_final_answer(final_answer: str) -> str:
         final_answer = final_answer.replace(before, after)
     for expression in _REMOVED_EXPRESSIONS:
         final_answer = final_answer.replace(expression, "")
-    final_answer = "\n".join(_first_math_span(line) for line in final_answer.split("\n"))
-    final_answer = _TEXT.sub("\\2", final_answer)
-    final_answer = _TEXTBF.sub("\\2", final_answer)
-    final_answer = _OVERLINE.sub("\\2", final_answer)
-    final_answer = _BOXED.sub("\\2", final_answer)
+    final_answer = _per_line(final_answer, _keep_first_math_span)
+    for command in ("\\text{", "\\textbf{", "\\overline{"):
+        final_answer = _per_line(final_answer, lambda line, c=command: _unwrap_lazy(line, c))
+    final_answer = _per_line(final_answer, _unwrap_boxed_greedy)
     final_answer = _FRAC.sub("frac{\\2}{\\3}", final_answer)
     final_answer = _SQRT.sub("sqrt{\\2}", final_answer)
     final_answer = final_answer.replace("$", "")
@@ -119,12 +117,9 @@ def normalize_final_answer(final_answer: str) -> str:
     return final_answer
 
 
-def _first_math_span(line: str) -> str:
-    """``re.sub(r"(.*?)(\\$)(.*?)(\\$)(.*)", "$\\3$", line)`` on one line (no newline in it): a line
-    with two ``$`` becomes ``$`` + the text between the first two + ``$``; other lines stay."""
-    first = line.find("$")
-    second = line.find("$", first + 1) if first >= 0 else -1
-    return line if second < 0 else "$" + line[first + 1 : second] + "$"
+def _per_line(text: str, step: Callable[[str], str]) -> str:
+    """Apply a one-line rewrite of a reference regex (``.`` stops at newlines) to every line."""
+    return "\n".join(step(line) for line in text.split("\n"))
 
 
 def reference_exact_match(answer: str | None, gold: str) -> float:

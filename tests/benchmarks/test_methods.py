@@ -169,7 +169,7 @@ def test_tables_show_missing_tasks_and_percent_scores() -> None:
     tables = paper_tables(results)
     assert "| Method | ie/a-v0 F1 | #Tok |" in tables and "| CoT | 25.6 | 123.7 |" in tables
     assert "| Method | debate/b-v0 accuracy | #Tok |" in tables and "| CoT | data missing | – |" in tables
-    assert "| debate/b-v0 | CoT | data missing: no \\| file here | – | 0 |" in long_table(results["rows"])
+    assert "| debate/b-v0 | CoT | data missing: no \\| file here | – | – | 0 |" in long_table(results["rows"])
 
 
 class DebateTask(BoxedTask):

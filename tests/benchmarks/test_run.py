@@ -31,7 +31,7 @@ def test_run_writes_episodes_table_results_report_plot_and_viewer(tmp_path) -> N
     proc = _run("--model", "scripted", "--episodes", "3", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     # the smoke suite: CoT and MAD on the embedded task, a table row each
-    assert "| task | method | score | mean #tokens | episodes |" in proc.stdout
+    assert "| task | method | score | scorer | mean #tokens | episodes |" in proc.stdout
     assert "| ie/synth-v0 | CoT |" in proc.stdout and "| ie/synth-v0 | MAD |" in proc.stdout
 
     episodes = read_episodes(out / "episodes.jsonl")

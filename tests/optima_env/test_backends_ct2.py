@@ -7,6 +7,7 @@ Every model runs on one thread (the machine is shared).
 
 from __future__ import annotations
 
+import doctest
 import json
 import logging
 import subprocess
@@ -147,6 +148,27 @@ def test_stop_strings_cut_the_reply_and_end_the_row(tiny) -> None:
     stopped = tiny.generate([request], SamplingParams(temperature=0, max_new_tokens=16, stop=(stop,)))
     assert stopped == ["Alice:" + continuation[: continuation.find(stop)]]
     assert tiny.stats.generated_tokens < 16  # the callback ended the row early
+
+
+def test_stops_and_order_hold_across_length_groups(tiny) -> None:
+    from optima_env.backends import ct2
+    from optima_env.backends.hf import render_prompt
+    from optima_env.policy import finish_reply
+
+    assert doctest.testmod(ct2).failed == 0
+    requests = [conversation(i, 4 * (i % 3)) for i in range(6)]  # three prompt lengths
+    sampling = SamplingParams(temperature=0, max_new_tokens=16)
+    tokenizer = tiny.tokenizer
+    lengths = sorted(
+        len(tokenizer(render_prompt(tokenizer, r), add_special_tokens=False).input_ids) for r in requests
+    )
+    assert len(ct2.length_groups(lengths, 16, tiny.batch_size, tiny.group_cost)) > 1
+    full = tiny.generate(requests, sampling)
+    stop = full[1][len("Alice:") :][6:9]
+    assert stop.strip(), f"pick another stop string from {full[1]!r}"
+    stopped = tiny.generate(requests, SamplingParams(temperature=0, max_new_tokens=16, stop=(stop,)))
+    assert stopped == [finish_reply("Alice:", f[len("Alice:") :], (stop,)) for f in full]
+    assert stopped[1] != full[1]
 
 
 def test_ignore_eos_generates_exactly_max_new_tokens(tiny) -> None:

