@@ -28,6 +28,7 @@ import functools
 import inspect
 import itertools
 import json
+import math
 import textwrap
 import types
 import typing
@@ -39,6 +40,8 @@ from optima_env.errors import TaskContractError
 __all__ = [
     "ConfigError",
     "apply",
+    "check_number",
+    "check_positive_int",
     "describe",
     "field_docs",
     "from_dict",
@@ -330,3 +333,24 @@ def get(config: Any, dotted: str) -> Any:
         else:
             value = getattr(value, part)
     return value
+
+
+def check_positive_int(name: str, value: Any) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is an int >= 1 (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def check_number(
+    name: str, value: Any, *, low: float | None = None, high: float | None = None, low_open: bool = False
+) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is a finite number within the bounds."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        bounds = f" in {'(' if low_open else '['}{low}, {high}]" if high is not None else ""
+        bounds = bounds or (f" {'>' if low_open else '>='} {low}" if low is not None else "")
+        raise ConfigError(f"{name} must be a finite number{bounds}, got {value!r}")

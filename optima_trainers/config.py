@@ -34,14 +34,22 @@ Every leaf has a dotted name (``reward.lambda_token``, ``dpo.beta``) for presets
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from optima_env.configtree import ConfigError, apply, from_dict, leaves, to_dict
+from optima_env.configtree import (
+    ConfigError,
+    apply,
+    check_number,
+    check_positive_int,
+    from_dict,
+    leaves,
+    to_dict,
+)
 from optima_env.reward import RewardConfig
 from optima_trainers.dpo import DPOTrainConfig
+from optima_trainers.presets import FIDELITY_PRESETS, PROFILES, REWARD_PRESETS
 from optima_trainers.selection import SelectionConfig
 from optima_trainers.sft import SFTTrainConfig
 
@@ -111,13 +119,13 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         for name in ("instances", "num_samples", "max_turns", "max_new_tokens", "concurrency"):
-            _positive_int(f"generation.{name}", getattr(self, name))
+            check_positive_int(f"generation.{name}", getattr(self, name))
         for name in ("temperature", "init_temperature"):
-            _number(f"generation.{name}", getattr(self, name), low=0.0)
-        _number("generation.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+            check_number(f"generation.{name}", getattr(self, name), low=0.0)
+        check_number("generation.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         for name in ("vllm_tensor_parallel_size", "vllm_data_parallel_size"):
-            _positive_int(f"generation.{name}", getattr(self, name))
-        _number(
+            check_positive_int(f"generation.{name}", getattr(self, name))
+        check_number(
             "generation.vllm_gpu_memory_utilization",
             self.vllm_gpu_memory_utilization,
             low=0.0,
@@ -190,13 +198,13 @@ class TreeSearchConfig:
 
     def __post_init__(self) -> None:
         for name in ("instances", "normalizer_instances", "selections", "rollouts", "top_k"):
-            _positive_int(f"tree.{name}", getattr(self, name))
-        _number("tree.normalizer_percentile", self.normalizer_percentile, low=0.0, high=100.0)
+            check_positive_int(f"tree.{name}", getattr(self, name))
+        check_number("tree.normalizer_percentile", self.normalizer_percentile, low=0.0, high=100.0)
         for name in ("select_edit_threshold", "merge_edit_threshold"):
-            _number(f"tree.{name}", getattr(self, name), low=0.0)
-        _number("tree.theta_filter", self.theta_filter)
-        _number("tree.theta_diff", self.theta_diff, low=0.0)
-        _number("tree.pair_fraction", self.pair_fraction, low=0.0, high=1.0, low_open=True)
+            check_number(f"tree.{name}", getattr(self, name), low=0.0)
+        check_number("tree.theta_filter", self.theta_filter)
+        check_number("tree.theta_diff", self.theta_diff, low=0.0)
+        check_number("tree.pair_fraction", self.pair_fraction, low=0.0, high=1.0, low_open=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -252,7 +260,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.trainer, str) or not self.trainer:
             raise ConfigError(f"trainer must be a registered trainer name, got {self.trainer!r}")
-        _positive_int("iterations", self.iterations)
+        check_positive_int("iterations", self.iterations)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an int, got {self.seed!r}")
 
@@ -274,80 +282,6 @@ class TrainConfig:
         """A copy with dotted overrides applied (``replace(**{"reward.lambda_token": 0.4})``)."""
         return apply(self, overrides)
 
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-
-
-def _number(
-    name: str, value: Any, *, low: float | None = None, high: float | None = None, low_open: bool = False
-) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        bounds = f" in {'(' if low_open else '['}{low}, {high}]" if high is not None else ""
-        bounds = bounds or (f" {'>' if low_open else '>='} {low}" if low is not None else "")
-        raise ConfigError(f"{name} must be a finite number{bounds}, got {value!r}")
-
-
-# -- presets and profiles (named mappings of dotted names) ---------------------------------------
-REWARD_PRESETS: dict[str, dict[str, Any]] = {
-    "code": {},
-    "paper": {
-        f"{section}.{name}": value
-        for section in ("reward", "tree.reward")
-        for name, value in dict(
-            short_trajectory_tokens=None,
-            large_turn_penalty=False,
-            long_trajectory_tokens=None,
-            repeated_turn_zero_loss=False,
-            impersonation="off",
-            normalizer_excludes_large=False,
-        ).items()
-    },
-}
-"""``code``: the reference's special cases (spec §3); ``paper``: Eq. 1 alone, no special case."""
-
-FIDELITY_PRESETS: dict[str, dict[str, Any]] = {
-    "code": {},
-    "paper": {
-        "selection.threshold_on": "task",  # §13.1: R_task > θ (code: total reward >= θ)
-        "selection.order": "paper",  # §13.2: threshold, then the top 70% of the survivors
-        "tree.normalizer": "instance_max",  # §13.3: per-instance max (code: 85th percentile + 1)
-        "tree.pair_rule": "shared_ancestor",  # §13.7: node pairs sharing an ancestor
-        "tree.edit_distance": "max_length",  # §13.8: ed / max length (code: + 1 forms)
-        "generation.termination": "all_agents",  # §13.12: all agents give the same answer
-    },
-}
-"""The algorithm switches of spec §13 where the paper and the reference code differ: ``code`` (the
-defaults) and ``paper``, applied with ``preset="paper"`` after the reward preset."""
-
-PROFILES: dict[str, dict[str, Any]] = {
-    "paper": {
-        "generation.max_turns": 10, "generation.max_new_tokens": 2000, "generation.concurrency": 64,
-        "sft.max_length": 2048, "sft.per_device_batch_size": 1, "sft.lora": False, "sft.eval_fraction": 0.02,
-        "sft.warmup_ratio": 0.1, "tree.normalizer_instances": 100,
-        "dpo.max_length": 4096, "dpo.per_device_batch_size": 1, "dpo.lora": False, "dpo.learning_rate": 5e-7,
-        "dpo.batch_size": 64, "dpo.warmup_ratio": 0.1,
-    },
-    "cpu": {
-        "generation.instances": 6, "generation.num_samples": 3, "generation.max_turns": 4,
-        "generation.max_new_tokens": 32, "generation.stop_at_speaker_tags": True,
-        "generation.concurrency": 32,
-        "sft.max_length": 1024, "sft.per_device_batch_size": 2, "sft.batch_size": 8, "sft.lora": True,
-        "sft.learning_rate": 1e-4, "sft.epochs": 1, "sft.eval_fraction": 0.0, "sft.warmup_ratio": 0.0,
-        "tree.normalizer_instances": 8, "tree.instances": 2, "tree.selections": 4, "tree.rollouts": 2,
-        "dpo.max_length": 1024, "dpo.per_device_batch_size": 2, "dpo.batch_size": 8, "dpo.lora": True,
-        "dpo.learning_rate": 5e-5, "dpo.warmup_ratio": 0.0,
-    },
-}  # fmt: skip
-"""Compute profiles: ``paper`` keeps the spec's sizes (full fine-tuning, 2,000-token turns);
-``cpu`` runs in minutes on 2 CPU cores (LoRA with a LoRA-sized learning rate, short turns, the
-speaker-tag stops). A trainer adds its own per-profile values (``TrainerSpec.profiles``)."""
 
 _RUN_FIELDS = ("task", "trainer", "preset", "profile", "family")
 

@@ -1,0 +1,64 @@
+"""Presets and compute profiles: named mappings of dotted configuration names to values.
+
+Applied by :func:`optima_trainers.config.resolve_config` (see its module docstring for the order).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["FIDELITY_PRESETS", "PROFILES", "REWARD_PRESETS"]
+
+REWARD_PRESETS: dict[str, dict[str, Any]] = {
+    "code": {},
+    "paper": {
+        f"{section}.{name}": value
+        for section in ("reward", "tree.reward")
+        for name, value in dict(
+            short_trajectory_tokens=None,
+            large_turn_penalty=False,
+            long_trajectory_tokens=None,
+            repeated_turn_zero_loss=False,
+            impersonation="off",
+            normalizer_excludes_large=False,
+        ).items()
+    },
+}
+"""``code``: the reference's special cases (spec §3); ``paper``: Eq. 1 alone, no special case."""
+
+FIDELITY_PRESETS: dict[str, dict[str, Any]] = {
+    "code": {},
+    "paper": {
+        "selection.threshold_on": "task",  # §13.1: R_task > θ (code: total reward >= θ)
+        "selection.order": "paper",  # §13.2: threshold, then the top 70% of the survivors
+        "tree.normalizer": "instance_max",  # §13.3: per-instance max (code: 85th percentile + 1)
+        "tree.pair_rule": "shared_ancestor",  # §13.7: node pairs sharing an ancestor
+        "tree.edit_distance": "max_length",  # §13.8: ed / max length (code: + 1 forms)
+        "generation.termination": "all_agents",  # §13.12: all agents give the same answer
+    },
+}
+"""The algorithm switches of spec §13 where the paper and the reference code differ: ``code`` (the
+defaults) and ``paper``, applied with ``preset="paper"`` after the reward preset."""
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "paper": {
+        "generation.max_turns": 10, "generation.max_new_tokens": 2000, "generation.concurrency": 64,
+        "sft.max_length": 2048, "sft.per_device_batch_size": 1, "sft.lora": False, "sft.eval_fraction": 0.02,
+        "sft.warmup_ratio": 0.1, "tree.normalizer_instances": 100,
+        "dpo.max_length": 4096, "dpo.per_device_batch_size": 1, "dpo.lora": False, "dpo.learning_rate": 5e-7,
+        "dpo.batch_size": 64, "dpo.warmup_ratio": 0.1,
+    },
+    "cpu": {
+        "generation.instances": 6, "generation.num_samples": 3, "generation.max_turns": 4,
+        "generation.max_new_tokens": 32, "generation.stop_at_speaker_tags": True,
+        "generation.concurrency": 32,
+        "sft.max_length": 1024, "sft.per_device_batch_size": 2, "sft.batch_size": 8, "sft.lora": True,
+        "sft.learning_rate": 1e-4, "sft.epochs": 1, "sft.eval_fraction": 0.0, "sft.warmup_ratio": 0.0,
+        "tree.normalizer_instances": 8, "tree.instances": 2, "tree.selections": 4, "tree.rollouts": 2,
+        "dpo.max_length": 1024, "dpo.per_device_batch_size": 2, "dpo.batch_size": 8, "dpo.lora": True,
+        "dpo.learning_rate": 5e-5, "dpo.warmup_ratio": 0.0,
+    },
+}  # fmt: skip
+"""Compute profiles: ``paper`` keeps the spec's sizes (full fine-tuning, 2,000-token turns);
+``cpu`` runs in minutes on 2 CPU cores (LoRA with a LoRA-sized learning rate, short turns, the
+speaker-tag stops). A trainer adds its own per-profile values (``TrainerSpec.profiles``)."""
