@@ -48,8 +48,8 @@ from optima_trainers.checkpoint import discard_partial, is_complete, require_com
 from optima_trainers.config import TrainConfig, check_options
 from optima_trainers.faults import fault_point
 from optima_trainers.generation import load_readability_scorer
-from optima_trainers.runs import RunDir, read_instances, read_stage_result
-from optima_trainers.sample_stage import generate_sample_stage, read_sample_stage
+from optima_trainers.runs import RunDir, read_instances, read_stage_result, wait_for
+from optima_trainers.sample_stage import generate_sample_stage, read_sample_stage, select_through_hook
 from optima_trainers.stages import Stage, StageData, StageOutcome, stage_seed
 from optima_trainers.tree_stage import generate_tree_stage, read_tree_stage
 
@@ -225,11 +225,11 @@ class IterativeTrainer:
                 wanted = folder / {"samples": "selected.jsonl", "tree": "pairs.jsonl"}.get(
                     stage.generate, "instances.json"
                 )
-                _wait_for(wanted, done)
+                wait_for(wanted, done)
                 if not done.is_file():
                     self._deliver(stage, folder)
                     self._train(stage, self.base_model if stage.start == "base" else model, folder)
-                _wait_for(done)
+                wait_for(done)
             model = self.run_dir.model_path(read_stage_result(done)["model"])
         return self.run_dir.metrics()
 
@@ -370,20 +370,7 @@ class IterativeTrainer:
         return cursor + cfg.generation.instances
 
     def _select(self, stage: Stage, scored: Sequence[Episode]) -> list[Episode]:
-        cfg = self.config
-        chosen = self.pm.hook.optima_select_training_data(
-            episodes=list(scored),
-            trainer=cfg.trainer,
-            config={**cfg.selection.to_dict(), "stage": stage.name, "task": cfg.task},
-        )
-        if chosen is None:
-            raise PluginError(
-                "no plugin answered optima_select_training_data; the built-in one "
-                "(optima_trainers.plugin) should: is it unregistered or blocked?"
-            )
-        if not all(isinstance(e, Episode) for e in chosen):
-            raise PluginError("optima_select_training_data must return a list of Episode records")
-        return list(chosen)
+        return select_through_hook(self.pm, stage.name, scored, self.config)
 
     def _deliver(self, stage: Stage, folder: Path) -> StageData:
         """Read the stage's data back from disk and fire ``optima_generation_end`` with it."""
@@ -406,10 +393,3 @@ class IterativeTrainer:
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
-
-
-def _wait_for(path: Path, *alternatives: Path, poll_s: float = 1.0) -> Path:
-    """Block until ``path`` (or one of ``alternatives``) exists; returns ``path``."""
-    while not path.exists() and not any(a.exists() for a in alternatives):
-        time.sleep(poll_s)
-    return path

@@ -32,7 +32,7 @@ from optima_env.errors import DataError, TaskContractError
 from optima_env.io import append_jsonl, read_json_object, read_jsonl, read_text, write_json_atomic
 from optima_trainers.config import TrainConfig
 
-__all__ = ["RunDir", "default_run_name", "read_instances", "read_json", "read_stage_result"]
+__all__ = ["RunDir", "default_run_name", "read_instances", "read_json", "read_stage_result", "wait_for"]
 
 _RESULT_FIELDS = {"model": str, "cursor_end": int, "metrics": dict}
 
@@ -214,3 +214,10 @@ class RunDir:
             yield
         finally:
             handle.close()
+
+
+def wait_for(path: Path, *alternatives: Path, poll_s: float = 1.0) -> Path:
+    """Block until ``path`` (or one of ``alternatives``) exists; returns ``path``."""
+    while not path.exists() and not any(a.exists() for a in alternatives):
+        time.sleep(poll_s)
+    return path

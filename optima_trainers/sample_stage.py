@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from optima_env.errors import PluginError
 from optima_env.io import read_episodes, write_episodes
 from optima_env.policy import SamplingParams
 from optima_env.rollout import make_jobs
@@ -29,7 +30,7 @@ from optima_trainers.config import TrainConfig
 from optima_trainers.generation import episode_summary, resumable_rollout, score_episodes, with_readability
 from optima_trainers.selection import draw_sample_id
 
-__all__ = ["generate_sample_stage", "read_sample_stage"]
+__all__ = ["generate_sample_stage", "read_sample_stage", "select_through_hook"]
 
 
 def generate_sample_stage(
@@ -118,3 +119,20 @@ def _as_drawn(episode: Episode, size: int) -> Episode:
 
 def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
+
+
+def select_through_hook(pm: Any, stage: str, scored: Sequence[Episode], config: TrainConfig) -> list[Episode]:
+    """The ``optima_select_training_data`` hook's choice among a stage's scored episodes."""
+    chosen = pm.hook.optima_select_training_data(
+        episodes=list(scored),
+        trainer=config.trainer,
+        config={**config.selection.to_dict(), "stage": stage, "task": config.task},
+    )
+    if chosen is None:
+        raise PluginError(
+            "no plugin answered optima_select_training_data; the built-in one "
+            "(optima_trainers.plugin) should: is it unregistered or blocked?"
+        )
+    if not all(isinstance(e, Episode) for e in chosen):
+        raise PluginError("optima_select_training_data must return a list of Episode records")
+    return list(chosen)
