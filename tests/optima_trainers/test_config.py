@@ -179,3 +179,18 @@ def test_stage_plans() -> None:
     ]
     debate = plan_stages(resolve_config("debate/gsm8k-v0", "isft", iterations=2))
     assert [s.start for s in debate] == ["base", "base"]  # debate SFT restarts from the base model
+
+
+def test_the_cpu_profile_generates_with_ctranslate2_when_it_is_installed(monkeypatch) -> None:
+    import importlib.util
+
+    installed = importlib.util.find_spec("ctranslate2") is not None
+    cpu = resolve_config("ie/synth-v0", "isft", profile="cpu")
+    assert (cpu.generation.backend, cpu.readability_scorer) == (
+        ("ct2", "ct2") if installed else ("hf", "transformers")
+    )
+    assert resolve_config("ie/synth-v0", "isft", profile="paper").generation.backend == "hf"
+    pinned = resolve_config("ie/synth-v0", "isft", profile="cpu", overrides={"generation.backend": "hf"})
+    assert pinned.generation.backend == "hf"  # a flag still wins
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)  # not installed
+    assert resolve_config("ie/synth-v0", "isft", profile="cpu").generation.backend == "hf"

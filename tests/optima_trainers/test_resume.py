@@ -19,7 +19,7 @@ from tests.optima_trainers.tiny_model import make_tiny_model
 pytestmark = pytest.mark.slow
 
 ARGS = [
-    "--task", "ie/synth-v0", "--trainer", "isft", "--profile", "cpu", "--iterations", "1",
+    "--task", "ie/synth-v0", "--trainer", "isft", "--profile", "cpu", "--iterations", "1", "--backend", "hf",
     "--instances", "3", "--samples", "2", "--max-turns", "2", "--max-new-tokens", "8",
     "--concurrency", "2", "--max-steps", "1", "--theta-sft", "-100", "--no-progress",
 ]  # fmt: skip
