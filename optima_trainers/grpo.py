@@ -91,7 +91,7 @@ def train_grpo_stage(
     trl = require("trl", "train")
     datasets = require("datasets", "train")
     from optima_env.backends.loading import load_policy
-    from optima_trainers.generation import load_readability_scorer
+    from optima_trainers.generation import episode_summary, load_readability_scorer
     from optima_trainers.integrations.trl import OptimaRollout, grpo_prompts, reward_functions
     from optima_trainers.sft import check_report_to, lora_config, world_size
 
@@ -175,21 +175,7 @@ def train_grpo_stage(
         if isinstance(v, (int, float))
     }
     played = [e for group in rollout.episodes.values() for e in group]
-    metrics.update(
-        {
-            "rollout/episodes": float(len(played)),
-            "rollout/task_score": sum(e.task_score for e in played) / max(1, len(played)),
-            "rollout/tokens": sum(e.num_tokens for e in played) / max(1, len(played)),
-            **{
-                f"rollout/tokens_{agent}": sum(
-                    t.num_tokens for e in played for t in e.turns if t.agent == agent
-                )
-                / max(1, len(played))
-                for agent in task.agents
-            },
-            "grpo/world_size": float(world_size()),
-        }
-    )
+    metrics.update({**episode_summary(played), "grpo/world_size": float(world_size())})
     result = TrainResult(
         checkpoint=str(output_dir),
         train_loss=float(output.training_loss) if output.global_step else None,

@@ -15,13 +15,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from optima_env.errors import DataError
-from optima_env.io import append_jsonl, read_episodes, read_jsonl, write_text_atomic
+from optima_env.io import append_jsonl, read_episodes, read_jsonl, read_text, write_text_atomic
 from optima_env.policy import ChatPolicy, SamplingParams
 from optima_env.reward import percentile_normalizer
 from optima_env.rollout import make_jobs
@@ -55,11 +56,10 @@ def finished_chunks(path: Path) -> dict[int, list[dict[str, Any]]]:
     if not path.is_file():
         return {}
     done = dict(read_jsonl(path, _chunk_record, fix="delete the file to regrow the trees"))
-    import json
-
-    write_text_atomic(
-        path, "".join(json.dumps({"chunk": c, "trees": t}) + "\n" for c, t in sorted(done.items()))
-    )
+    text = read_text(path)
+    if text and not text.endswith("\n"):  # an interrupted append: rewrite without the torn line
+        lines = (json.dumps({"chunk": c, "trees": t}) + "\n" for c, t in sorted(done.items()))
+        write_text_atomic(path, "".join(lines))
     return done
 
 

@@ -107,14 +107,10 @@ def probe_records(probe: Path, rank: int, event: str) -> list[dict]:
 
 
 def foreign_writes(probe: Path, run: Path) -> list[dict]:
-    """What the second process wrote in the run folder, but one known, benign exception:
-    ``optima_trainers.tree_stage.finished_chunks`` rewrites ``trees.jsonl`` (same content, atomically)
-    each time it reads it, on whichever process reads the stage's data. Drop this exemption once
-    the reader rewrites only a file with a torn last line."""
+    """What the second process wrote in the run folder (the stage folder it may create aside)."""
 
     def exempt(path: str) -> bool:
-        name = Path(path).name
-        return path == str(run / "iter_01") or name == "trees.jsonl" or name.startswith(".trees.jsonl.")
+        return path == str(run / "iter_01")
 
     return [r for r in probe_records(probe, 1, "write") if not all(exempt(p) for p in r["paths"])]
 

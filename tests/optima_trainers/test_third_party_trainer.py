@@ -51,7 +51,10 @@ def test_help_lists_an_installed_third_party_trainer_and_its_options(tmp_path: P
     ok = _cli(env, "--trainer", "rft", "--set", "options.per_instance=2", "--print-config")
     assert json.loads(ok.stdout)["options"] == {"min_task_score": 1.0, "per_instance": 2}
     without = _cli({**env, "PYTHONPATH": ""}, "--trainer", "rft", "--print-config")
-    assert without.returncode == 2 and "no trainer 'rft'; installed: grpo, idpo, isft, isft-dpo" in without.stderr
+    assert (
+        without.returncode == 2
+        and "no trainer 'rft'; installed: grpo, idpo, isft, isft-dpo" in without.stderr
+    )
 
 
 @pytest.mark.slow
