@@ -58,7 +58,7 @@ from benchmarks.suites import get_suite
 from benchmarks.units import open_task, play_methods
 from optima_env import configtree
 from optima_env.errors import OptimaError
-from optima_env.io import write_json_atomic
+from optima_env.io import write_json_atomic, write_text_atomic
 from optima_env.reward import RewardConfig
 
 logger = logging.getLogger("benchmarks.run")
@@ -133,7 +133,7 @@ class RunArgs:
     threads: int | None = None
     """CPU threads of torch (default: torch's choice; 1 is faster on a CPU shared with other jobs)."""
     update_readme: bool = False
-    """demo suite: rewrite the README block between the demo markers from this run."""
+    """demo, rollout and loop suites: rewrite the README block of the suite from this run."""
     debug: bool = False
     """On an error, print its traceback too (default: one line on stderr, exit code 2)."""
     set: tuple[str, ...] = ()
@@ -311,13 +311,23 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_name = f"{suite.name}__{Path(args.model).name}__{args.seed}__{stamp}"
     out = Path(args.out or Path("results") / run_name)
-    if suite.name == "rollout":
+    if suite.name in ("rollout", "loop"):
         out.mkdir(parents=True, exist_ok=True)
-        return _run_rollout_suite(args, out)
-    if suite.name == "loop":
-        from benchmarks.loop_bench import run_loop_suite
+        if suite.name == "rollout":
+            result = _run_rollout_suite(args, out)
+        else:
+            from benchmarks.loop_bench import run_loop_suite
 
-        return run_loop_suite(out, model=args.model, seed=args.seed)
+            result = run_loop_suite(out, model=args.model, seed=args.seed)
+        write_text_atomic(
+            out / "command.txt", " ".join(_command_line(dataclasses.replace(args, out=str(out)))) + "\n"
+        )
+        if args.update_readme:
+            from benchmarks.readme import performance_block, replace_block
+
+            folders = {s: REPO_README.parent / "benchmarks" / "results" / s for s in ("rollout", "loop")}
+            replace_block(REPO_README, "performance", performance_block({**folders, suite.name: out}))
+        return result
     if suite.name == "demo":
         from benchmarks.demo import run_demo
 

@@ -28,7 +28,8 @@ Every leaf has a dotted name (``reward.lambda_token``, ``dpo.beta``) for presets
    every point, its two values and its test);
 5. the compute profile (:data:`PROFILES`: ``paper`` keeps the spec's sizes; ``cpu`` shrinks every
    size to minutes on 2 CPU cores, with LoRA, and generates and scores with CTranslate2 when it
-   is installed: :data:`optima_trainers.presets.CPU_ENGINE`), then the backend's extras for that profile;
+   is installed: :data:`optima_trainers.presets.CPU_ENGINE`), then the backend's extras for that
+   profile;
 6. explicit overrides (CLI flags and ``--set``).
 """
 
@@ -67,7 +68,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEBATE = "debate"
-BACKENDS = ("hf", "vllm", "ct2")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
