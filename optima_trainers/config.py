@@ -27,9 +27,9 @@ Every leaf has a dotted name (``reward.lambda_token``, ``dpo.beta``) for presets
    (:data:`FIDELITY_PRESETS`, spec §13 items 1, 2, 3, 7, 8 and 12; ``docs/fidelity.md`` lists
    every point, its two values and its test);
 5. the compute profile (:data:`PROFILES`: ``paper`` keeps the spec's sizes; ``cpu`` shrinks every
-   size to minutes on 2 CPU cores, with LoRA, and generates and scores with CTranslate2 when it
-   is installed: :data:`optima_trainers.presets.CPU_ENGINE`), then the backend's extras for that
-   profile;
+   size to minutes on 2 CPU cores, with LoRA; :data:`optima_trainers.presets.CPU_ENGINE` is the
+   CTranslate2 alternative, not the default: see its docstring), then the backend's extras for
+   that profile;
 6. explicit overrides (CLI flags and ``--set``).
 """
 
@@ -51,7 +51,7 @@ from optima_env.configtree import (
 )
 from optima_env.reward import RewardConfig
 from optima_trainers.dpo import DPOTrainConfig
-from optima_trainers.presets import FIDELITY_PRESETS, PROFILES, REWARD_PRESETS, fast_cpu_engine
+from optima_trainers.presets import FIDELITY_PRESETS, PROFILES, REWARD_PRESETS
 from optima_trainers.selection import SelectionConfig
 from optima_trainers.sft import SFTTrainConfig
 
@@ -365,7 +365,6 @@ def resolve_config(
         REWARD_PRESETS[reward_preset],
         FIDELITY_PRESETS[preset],  # spec §13: the paper's algorithm switches under preset="paper"
         PROFILES[profile],
-        fast_cpu_engine() if profile == "cpu" else {},
         dict(trainer.profiles.get(profile, {})),
         given,
         {k: v for k, v in run.items() if v is not None},

@@ -65,12 +65,13 @@ speaker-tag stops). A trainer adds its own per-profile values (``TrainerSpec.pro
 
 
 CPU_ENGINE = {"generation.backend": "ct2", "generation.compute_type": "int8", "readability_scorer": "ct2"}
-"""What the ``cpu`` profile generates and scores with when CTranslate2 is installed (``optima[ct2]``):
-int8 generation (2-4x the transformers path on 2 cores, ``benchmarks/results/``) and the float32
-CTranslate2 readability scorer (within 2e-4 nats of the transformers loss). Without it, the
-transformers path. CTranslate2 seeds a whole batch, not each request, so a resumed run re-samples
-the episodes that were in flight (different, equally valid text; finished ones are kept): pass
-``--backend hf`` where bit-exact resumption matters."""
+"""Generation with CTranslate2 int8 and readability with its float32 scorer (within 2e-4 nats of the
+transformers loss), for ``--set`` or a preset of your own. Not the ``cpu`` profile's default: on
+this project's 2-core machine the multi-turn rollout ran at 43 tok/s (batch 32) and 40 tok/s
+(batch 64) with CTranslate2 int8 against 69 and 74 tok/s for the transformers engine, which keeps
+each conversation's KV cache across turns where CTranslate2 prefills the whole history every turn
+(``benchmarks/results/rollout/results.md``). CTranslate2 also seeds a whole batch, not each
+request, so a resumed run re-samples the episodes that were in flight."""
 
 
 def fast_cpu_engine() -> dict[str, Any]:
