@@ -24,6 +24,7 @@ from optima_env.types import Episode, RewardBreakdown, Turn
 
 __all__ = [
     "LARGE_TURN_MARKER",
+    "PAPER_SPECIAL_CASES",
     "RewardConfig",
     "instance_max_normalizer",
     "is_impersonating",
@@ -37,6 +38,16 @@ LARGE_TURN_MARKER = "large"
 """The text that replaces a turn that hit the per-turn token cap (spec §2.4)."""
 
 IMPERSONATION_SFT_PENALTY = 10.0
+
+PAPER_SPECIAL_CASES: dict[str, object] = {
+    "short_trajectory_tokens": None,
+    "large_turn_penalty": False,
+    "long_trajectory_tokens": None,
+    "repeated_turn_zero_loss": False,
+    "impersonation": "off",
+    "normalizer_excludes_large": False,
+}
+"""The :class:`RewardConfig` values of the ``paper`` preset: every code-only special case off."""
 
 
 def optima_reward(
@@ -106,15 +117,7 @@ class RewardConfig:
         if name == "code":
             return cls(**overrides)  # type: ignore[arg-type]
         if name == "paper":
-            base = dict(
-                short_trajectory_tokens=None,
-                large_turn_penalty=False,
-                long_trajectory_tokens=None,
-                repeated_turn_zero_loss=False,
-                impersonation="off",
-                normalizer_excludes_large=False,
-            )
-            return cls(**{**base, **overrides})  # type: ignore[arg-type]
+            return cls(**{**PAPER_SPECIAL_CASES, **overrides})  # type: ignore[arg-type]
         raise ScoringError(f"unknown reward preset {name!r}; expected 'code' or 'paper'")
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from optima_env.reward import PAPER_SPECIAL_CASES
+
 __all__ = ["CPU_ENGINE", "FIDELITY_PRESETS", "PROFILES", "REWARD_PRESETS", "fast_cpu_engine"]
 
 REWARD_PRESETS: dict[str, dict[str, Any]] = {
@@ -14,14 +16,7 @@ REWARD_PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
         f"{section}.{name}": value
         for section in ("reward", "tree.reward")
-        for name, value in dict(
-            short_trajectory_tokens=None,
-            large_turn_penalty=False,
-            long_trajectory_tokens=None,
-            repeated_turn_zero_loss=False,
-            impersonation="off",
-            normalizer_excludes_large=False,
-        ).items()
+        for name, value in PAPER_SPECIAL_CASES.items()
     },
 }
 """``code``: the reference's special cases (spec §3); ``paper``: Eq. 1 alone, no special case."""

@@ -26,23 +26,16 @@ from collections.abc import Callable
 
 from optima_env.scoring._validate import check_optional_str, check_str
 from optima_env.scoring.extract import extract_tagged
-from optima_env.scoring.math_norm import _keep_first_math_span, _unwrap_boxed_greedy, _unwrap_lazy
+from optima_env.scoring.math_norm import (
+    _SUBSTITUTIONS,
+    _keep_first_math_span,
+    _unwrap_boxed_greedy,
+    _unwrap_lazy,
+)
 
 __all__ = ["normalize_final_answer", "parse_boxed_answer", "parse_tagged_answer", "reference_exact_match"]
 
-# Verbatim from answerParser/parser.py.
-_SUBSTITUTIONS = (
-    ("an ", ""),
-    ("a ", ""),
-    (".$", "$"),
-    ("\\$", ""),
-    (r"\ ", ""),
-    (" ", ""),
-    ("mbox", "text"),
-    (",\\text{and}", ","),
-    ("\\text{and}", ","),
-    ("\\text{m}", "\\text{}"),
-)
+# answerParser/parser.py uses the substitutions of Lewkowycz et al. (math_norm's table, verbatim).
 _REMOVED_EXPRESSIONS = (
     "square", "ways", "integers", "dollars", "mph", "inches", "ft", "hours", "km", "units", "\\ldots",
     "sue", "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters",

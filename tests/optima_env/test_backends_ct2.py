@@ -54,26 +54,10 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
 
 
 def make_tiny_model(folder, *, seed: int = 0):
-    """Save a 2-layer, 64-wide Llama (random weights) and the embedded tokenizer into ``folder``."""
-    from optima_env.models import ensure_embedded_model
+    """The shared tiny random Llama, with untied embeddings as these tests were written with."""
+    from tests.optima_trainers.tiny_model import make_tiny_model as build
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    torch.manual_seed(seed)
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return build(folder, seed=seed, tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def make_tiny_model(folder: Path, *, seed: int = 0) -> Path:
+def make_tiny_model(folder: Path, *, seed: int = 0, tie_word_embeddings: bool = True) -> Path:
     """Save a 2-layer, 64-wide Llama (random weights) and the embedded tokenizer into ``folder``."""
     import torch
     import transformers
@@ -21,7 +21,7 @@ def make_tiny_model(folder: Path, *, seed: int = 0) -> Path:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_word_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
