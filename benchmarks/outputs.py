@@ -80,6 +80,9 @@ def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: Ep
                     mean_tokens=statistics.fmean(r["tokens"] for r in reduced),
                     episodes=sum(len(g) for g in groups),
                     instances=len(groups),
+                    # per instance, in instance order: what the bootstrap intervals resample
+                    instance_scores=[float(r["score"]) for r in reduced],
+                    instance_tokens=[float(r["tokens"]) for r in reduced],
                 )
                 if method.aggregate == "scaling":
                     row["coverage"] = statistics.fmean(r["coverage"] for r in reduced)

@@ -102,13 +102,18 @@ def _follow(facts: list[tuple[str, str]], start: str) -> str | None:
 
 def _verify_if_checkpoint(model: str) -> None:
     """A folder written by ``optima_trainers`` (it has a ``COMPLETE`` marker) is checked against its
-    file list before loading; a truncated or altered checkpoint raises instead of being evaluated."""
+    file list before loading, and so is an exported adapter folder (against its ``manifest.json``,
+    :func:`~optima_env.backends.peft_adapter.verify_manifest`); a truncated or altered checkpoint
+    or adapter raises :class:`~optima_env.errors.DataError` instead of being evaluated."""
     from pathlib import Path
 
+    from optima_env.backends.peft_adapter import is_adapter, verify_manifest
     from optima_trainers.checkpoint import COMPLETE_MARKER, require_complete
 
     if (Path(model) / COMPLETE_MARKER).is_file():
         require_complete(model)
+    elif is_adapter(model):
+        verify_manifest(model)
 
 
 def check_model_name(model: str, backend: str) -> None:

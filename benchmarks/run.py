@@ -1,11 +1,15 @@
 """Evaluate baselines and trained checkpoints on optima tasks; write a paper-style report.
 
-With no arguments (the ``smoke`` suite): the embedded task ``ie/synth-v0`` played by the embedded
-model (SmolLM2-135M-Instruct), as a single agent (CoT) and as the 2-agent system (MAD), greedy, on
-4 held-out instances. Other suites: ``paper`` (spec §8.1, for a GPU), ``scaling`` (spec §8.3) and
-``rollout`` (engine throughput) and ``demo`` (iSFT trained on CPU, then evaluated:
-:mod:`benchmarks.demo`); see :mod:`benchmarks.suites`, and :mod:`benchmarks.methods` for
-the methods (cot, sc, mad, autoform, and ``--checkpoint NAME=PATH``).
+With no arguments (the ``main`` suite): the demo's synthetic task (``ie/synth-v0``, 2 hops, no
+agent can answer alone) played by the embedded model (SmolLM2-135M-Instruct) untrained, as a
+single agent (CoT) and as the 2-agent system (MAD), against the three trained systems whose
+adapters the demo suite committed (iSFT, iDPO, iSFT-DPO), greedy, with the same caps, on 30
+held-out instances; the table gives 95% bootstrap intervals and the ratios to MAD. Other suites:
+``smoke`` (CoT and MAD on 4 instances), ``paper`` (spec §8.1, for a GPU), ``scaling`` (spec
+§8.3), ``rollout`` and ``loop`` (engine and training-loop throughput) and ``demo`` (the three
+trainers trained on CPU, then evaluated: :mod:`benchmarks.demo`); see :mod:`benchmarks.suites`,
+and :mod:`benchmarks.methods` for the methods (cot, sc, mad, autoform, and ``--checkpoint
+NAME=PATH``).
 
 Writes under ``--out`` (default ``results/<suite>__<model>__<seed>__<time>/``):
 
@@ -50,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.intervals import add_intervals, ratio_table
 from benchmarks.methods import PlaySettings, build_methods
 from benchmarks.outputs import collect_results, write_outputs
 from benchmarks.policies import check_backend_flags, token_counter_description
@@ -73,8 +78,8 @@ class RunConfigError(OptimaError, ValueError):
 class RunArgs:
     """Options of one benchmark run (each becomes a ``--flag``)."""
 
-    suite: str = "smoke"
-    """Suite: smoke, paper, scaling, rollout, loop or demo (its defaults fill every unset flag)."""
+    suite: str = "main"
+    """Suite: main, smoke, paper, scaling, rollout, loop or demo (its defaults fill every unset flag)."""
     task: tuple[str, ...] = ()
     """Task id or unique name (repeatable or comma-separated; default: the suite's tasks)."""
     methods: tuple[str, ...] = ()
@@ -243,6 +248,22 @@ def _checkpoints(specs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _suite_adapters(suite: Any) -> dict[str, str]:
+    """The suite's trained systems whose adapter folders exist (a missing one is a notice)."""
+    found = {}
+    for label, folder in suite.adapters:
+        if Path(folder, "adapter_config.json").is_file():
+            found[label] = folder
+        else:
+            logger.warning(
+                "%s: no adapter at %s (the demo suite writes it: python -m benchmarks.run --suite demo); "
+                "its row is left out",
+                label,
+                folder,
+            )
+    return found
+
+
 def _check_resume(out: Path, identity: dict[str, Any]) -> None:
     path = out / "run_config.json"
     if path.exists():
@@ -350,8 +371,11 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
         scaling_k=args.scaling_k or suite.scaling_k,
         scaling_temperature=args.scaling_temperature,
         seed=args.seed,
+        stop_at_speaker_tags=suite.stop_at_speaker_tags,
     )
     checkpoints = _checkpoints(args.checkpoint)
+    if not checkpoints and args.model == "embedded":  # the adapters' base model
+        checkpoints = _suite_adapters(suite)
     methods = build_methods(args.methods or suite.methods, checkpoints, settings, scaling=suite.scaling)
     backend = args.backend or suite.backend
     check_backend_flags(args.model, backend, base_urls=args.base_url)
@@ -366,6 +390,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
             episodes=args.episodes,
             pm=pm,
             reward=reward_overrides,
+            task_kwargs=suite.task_kwargs.get(names[0]),
         )
         for names in task_names
     ]
@@ -379,6 +404,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
         "data_dir": data_dir,
         "settings": {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("sc_n", "scaling_k")},
         "reward": dict(sorted(reward_overrides.items())),
+        "task_kwargs": {k: dict(v) for k, v in suite.task_kwargs.items()},
         **{f"checkpoint:{k}": v for k, v in checkpoints.items()},
     }
     _check_resume(out, identity)
@@ -394,6 +420,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
 
     wall = round(time.time() - started, 1)
     results = collect_results(entries, methods, store)
+    add_intervals(results["rows"], base_key="mad")
     results.update(
         run_name=out.name,
         suite=suite.name,
@@ -416,6 +443,9 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
     )
     table = write_outputs(out, results, store, viewer_limit=args.viewer_limit)
     print(table)
+    if any(r.get("score_ratio") is not None for r in results["rows"]):
+        print("\nScores and tokens with 95% bootstrap intervals, ratios to MAD (paired):\n")
+        print(ratio_table(results["rows"]))
     print(f"wrote {out}/ episodes.jsonl, results.json, report.md, viewer.html ({results['wall_time_s']} s)")
     return results
 

@@ -3,8 +3,12 @@
 =========  ==========================================================================================
 suite      what it runs
 =========  ==========================================================================================
-smoke      the default: the embedded task with the embedded model, CoT and MAD on 4 test instances,
-           short turns; a few minutes on 2 CPU cores
+main       the default (the README's main command): the demo's synthetic task, untrained CoT and MAD
+           against the three trained systems whose adapters the demo committed
+           (``benchmarks/results/demo/adapters/synth``), the demo's caps, 30 held-out instances;
+           about 10 minutes on 2 CPU cores
+smoke      the embedded task with the embedded model, CoT and MAD on 4 test instances, short
+           turns; a few minutes on 2 CPU cores
 paper      spec §8.1: the eight paper tasks, the first 1000 test items of the information-exchange
            sets and the full debate test sets, CoT, SC (n=8), MAD and AutoForm (plus every
            ``--checkpoint``), 10 turns of up to 2000 tokens; meant for a GPU with vLLM
@@ -20,11 +24,15 @@ Command-line flags override a suite's defaults (``--task``, ``--methods``, ``--e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+from benchmarks.demo_tasks import MAIN_TASK, TRAINERS, trainer_label
 from optima_env.errors import TaskContractError
 
-__all__ = ["PAPER_TASKS", "SUITES", "Suite", "get_suite"]
+__all__ = ["DEMO_ADAPTERS", "PAPER_TASKS", "SUITES", "Suite", "get_suite"]
 
 PAPER_TASKS: tuple[tuple[str, ...], ...] = (
     ("hotpotqa",),
@@ -60,6 +68,13 @@ class Suite:
     scaling: bool = False
     """Play every method ``scaling_k`` times per instance and report the scaling curves."""
     backend: str = "hf"
+    task_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Task factory keyword arguments per task id (e.g. the demo's synthetic setting)."""
+    stop_at_speaker_tags: bool = False
+    """Cut a turn where it starts writing an agent's ``"Name:"`` tag (as the demo evaluates)."""
+    adapters: tuple[tuple[str, str], ...] = ()
+    """Trained systems played as extra rows when no ``--checkpoint`` is given: ``(label, folder)``
+    pairs, relative to the repository; a missing folder is skipped with a notice."""
 
     def num_instances(self, *, family: str, available: int, override: int | None = None) -> int:
         """How many instances of a task to evaluate (``override`` is ``--episodes``)."""
@@ -72,7 +87,23 @@ class Suite:
         return available if wanted is None else min(wanted, available)
 
 
+_REPO = Path(__file__).resolve().parents[1]
+DEMO_ADAPTERS = _REPO / "benchmarks" / "results" / "demo" / "adapters"
+"""Where the demo suite writes the committed adapters (``<task name>/<trainer>``)."""
+
 SUITES: dict[str, Suite] = {
+    "main": Suite(
+        name="main",
+        description="the demo's synthetic task: untrained CoT and MAD vs the three committed adapters",
+        tasks=((MAIN_TASK.task,),),
+        methods=("cot", "mad"),
+        instances=30,
+        max_turns=MAIN_TASK.max_turns,
+        max_new_tokens=MAIN_TASK.max_new_tokens,
+        task_kwargs={MAIN_TASK.task: dict(MAIN_TASK.task_kwargs)},
+        stop_at_speaker_tags=True,
+        adapters=tuple((trainer_label(t), str(DEMO_ADAPTERS / MAIN_TASK.name / t)) for t in TRAINERS),
+    ),
     "smoke": Suite(
         name="smoke",
         description="embedded task and model, CoT and MAD on 4 instances (minutes on 2 CPU cores)",

@@ -5,7 +5,8 @@
 converts it once into a transformers folder in the user cache (written to a temporary folder and
 renamed into place, under a file lock, so concurrent or interrupted conversions never leave a
 half-written model), and loads it with transformers. Any hub name or local path loads the usual
-way; ``trust_remote_code`` is never enabled.
+way; ``trust_remote_code`` is never enabled. :func:`source_folder` finds the local folder of any of
+them (a hub name from the Hugging Face cache, else the hub).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from optima_env.errors import MissingDependencyError, require
+from optima_env.errors import BackendError, DataError, MissingDependencyError, require
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -31,7 +32,9 @@ __all__ = [
     "ensure_embedded_model",
     "file_lock",
     "load_model",
+    "load_tokenizer",
     "resolve_model_path",
+    "source_folder",
 ]
 
 logger = logging.getLogger(__name__)
@@ -140,6 +143,23 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def source_folder(name_or_path: str) -> Path:
+    """The local folder of ``embedded``, a local path, or a hub name (from the HF cache or the hub)."""
+    path = resolve_model_path(name_or_path)
+    if os.path.isdir(path):
+        return Path(path)
+    if os.path.exists(path) or path.startswith((".", "/")):
+        raise DataError(f"expected a model folder, a hub name or 'embedded', got {name_or_path!r}")
+    hub = require("huggingface_hub", "train")
+    try:
+        return Path(hub.snapshot_download(repo_id=path))
+    except Exception as exc:
+        raise BackendError(
+            f"could not find the model {name_or_path!r} locally or on the hub ({type(exc).__name__}: "
+            f"{exc}); pass a local folder, 'embedded', or download it first"
+        ) from exc
+
+
 def load_model(
     name_or_path: str = EMBEDDED, *, dtype: str = "float32", device: str | None = None
 ) -> tuple[Any, Any]:
@@ -158,11 +178,18 @@ def load_model(
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"dtype must be a torch dtype name such as 'float32', got {dtype!r}")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(path)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The tokenizer of a model folder (or hub name), padding on the left, with a pad token."""
+    transformers = require("transformers", "train")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

@@ -7,6 +7,12 @@ full batch. Episodes come back in job order (instance by instance, sample by sam
 order they finished in, and each job's seed is a pure function of ``(seed, instance, sample)``:
 with a scripted policy the result equals playing the jobs one by one with :func:`run_episode`.
 
+Work that depends on finished episodes can join the same loop: ``refill`` is called after every
+step in which episodes ended, and the jobs it returns are queued behind the others (a tree search
+enqueues a tree's next rollouts as soon as its last ones end, so the batch stays full across
+trees). A refilled job's position is the next free one: the given jobs are ``0 .. len(jobs) - 1``,
+then the refilled ones in the order they were returned.
+
 How the batch is served is the backend's business: transformers generates it as padded batches
 (with a KV cache reused across turns), vLLM schedules it with continuous batching, and the
 OpenAI-compatible client sends it as concurrent HTTP requests.
@@ -16,7 +22,8 @@ memory, ...), :func:`rollout` raises :class:`RolloutError`, a
 :class:`~optima_env.errors.BackendError` that keeps every episode finished so far
 (``err.finished``, by job position; they were also passed to ``on_episode``) and lists the jobs
 still to play (``err.pending``), so a caller can save the work and resume with
-``jobs=[jobs[i] for i in err.pending]``.
+``jobs=[jobs[i] for i in err.pending]`` (``err.jobs`` lists every job by position, the refilled
+ones included; a resumed call gets no refill for what it replays unless it passes one again).
 """
 
 from __future__ import annotations
@@ -52,12 +59,21 @@ class RolloutError(BackendError):
     Attributes:
         finished: ``{job position: Episode}`` of every episode that ended before the failure.
         pending: positions of the jobs that did not finish (in flight or not started), sorted.
+        jobs: every job by position: the given ones, then those ``refill`` returned.
     """
 
-    def __init__(self, message: str, *, finished: Mapping[int, Episode], pending: Sequence[int]) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        finished: Mapping[int, Episode],
+        pending: Sequence[int],
+        jobs: Sequence[RolloutJob] = (),
+    ) -> None:
         super().__init__(message)
         self.finished: dict[int, Episode] = dict(sorted(finished.items()))
         self.pending: list[int] = sorted(pending)
+        self.jobs: list[RolloutJob] = list(jobs)
 
     @property
     def episodes(self) -> list[Episode]:
@@ -123,6 +139,7 @@ def rollout(
     reset_options: Callable[[RolloutJob], Mapping[str, Any]] | None = None,
     stop_at_speaker_tags: bool = False,
     request_key: Callable[[RolloutJob, int], tuple[object, ...]] | None = None,
+    refill: Callable[[Sequence[tuple[int, Episode]]], Sequence[RolloutJob]] | None = None,
 ) -> list[Episode]:
     """Play every job, ``concurrency`` at a time, batching all pending turns per step.
 
@@ -143,9 +160,14 @@ def rollout(
         request_key: the key of a job's request at a given turn, from which seeded backends
             derive its sampling seed (default ``(job.seed, turn)``); jobs that share an env seed
             (the rollouts of one MCTS tree see the same evidence) need distinct keys to differ.
+        refill: called after each generation step in which episodes ended, with their
+            ``(position, episode)`` in position order (after ``on_episode`` saw each); the jobs it
+            returns are queued behind the pending ones and played in the same loop, taking the
+            positions ``len(jobs), len(jobs) + 1, ...`` in the order they were returned. Jobs that
+            depend on finished episodes (a tree's next rollouts) thus keep the batch full.
 
     Returns:
-        The episodes, in the order of ``jobs``.
+        The episodes, in the order of ``jobs``, then those of the refilled jobs in position order.
 
     Raises:
         RolloutError: the policy failed; the error carries the episodes finished before it.
@@ -157,6 +179,7 @@ def rollout(
         extra = tuple(s for s in speaker_stops(task.agents) if s not in sampling.stop)
         sampling = dataclasses.replace(sampling, stop=sampling.stop + extra)
     env_kwargs = dict(env_kwargs or {})
+    jobs = list(jobs)  # grows with the refilled jobs: position -> job
     queue = deque(enumerate(jobs))
     finished: dict[int, Episode] = {}
     active: list[tuple[int, RolloutJob, ConversationEnv]] = []
@@ -177,23 +200,39 @@ def rollout(
                 _request(env, request_key(job, len(env.turns)) if request_key else (job.seed, len(env.turns)))
                 for _, job, env in active
             ]
-            replies = _generate(policy, requests, sampling, finished, total=len(jobs))
+            replies = _generate(policy, requests, sampling, finished, jobs)
             still: list[tuple[int, RolloutJob, ConversationEnv]] = []
+            ended: list[tuple[int, Episode]] = []
             for (pos, job, env), reply in zip(active, replies):
                 env.step(reply)
                 if env.episode is None:
                     still.append((pos, job, env))
                     continue
                 finished[pos] = env.episode
+                ended.append((pos, env.episode))
                 if on_episode is not None:
                     on_episode(pos, env.episode)
                 if bar is not None:
                     bar.update(1)
             active = still
+            if refill is not None and ended:
+                added = _checked_jobs(refill(ended))
+                queue.extend(enumerate(added, start=len(jobs)))
+                jobs.extend(added)
+                if bar is not None and added:
+                    bar.total += len(added)
+                    bar.refresh()
     finally:
         if bar is not None:
             bar.close()
     return [finished[pos] for pos in range(len(jobs))]
+
+
+def _checked_jobs(added: object) -> list[RolloutJob]:
+    """What ``refill`` returned, checked: a sequence of :class:`RolloutJob`."""
+    if not isinstance(added, Sequence) or not all(isinstance(j, RolloutJob) for j in added):
+        raise TaskContractError(f"refill must return a sequence of RolloutJob, got {added!r}")
+    return list(added)
 
 
 def _generate(
@@ -201,10 +240,10 @@ def _generate(
     requests: list[GenerationRequest],
     sampling: SamplingParams,
     finished: Mapping[int, Episode],
-    *,
-    total: int,
+    jobs: Sequence[RolloutJob],
 ) -> list[str]:
     """One batch through the policy; any failure becomes a :class:`RolloutError` keeping ``finished``."""
+    total = len(jobs)
     pending = [pos for pos in range(total) if pos not in finished]
     try:
         replies = policy.generate(requests, sampling)
@@ -215,6 +254,7 @@ def _generate(
             f"(and were passed to on_episode); play the {len(pending)} jobs in .pending again to resume",
             finished=finished,
             pending=pending,
+            jobs=jobs,
         ) from exc
     if not isinstance(replies, list) or len(replies) != len(requests):
         got = len(replies) if isinstance(replies, list) else type(replies).__name__
@@ -223,5 +263,6 @@ def _generate(
             f"{len(finished)} finished episodes are kept in .finished",
             finished=finished,
             pending=pending,
+            jobs=jobs,
         )
     return replies

@@ -1,7 +1,7 @@
 """MCTS-style data generation for iDPO (spec §6.2, §6.3).
 
 For every instance a :class:`~optima_trainers.tree.Tree` of turns is grown by
-``num_selections`` rounds of:
+``num_selections`` expansions of:
 
 1. **select** a node: the candidates are the root and every node whose first child itself has
    children; a candidate whose text is within ``ed(a, b) / (max(|a|, |b|) + 1) < 0.25`` of any
@@ -15,12 +15,16 @@ For every instance a :class:`~optima_trainers.tree.Tree` of turns is grown by
 3. **insert** each rollout into the tree (a turn within ``ed / (len(new) + 1) < 0.1`` of an existing
    child is merged into that child) and **back-propagate** its reward as running means.
 
-Generation is batched across trees: each round selects a node in every tree, then plays all the
-rollouts of all trees through :func:`optima_env.rollout.rollout` at once, each env replaying its
-node's path with ``reset(options={"index": i, "prefix": [...]})``. Every rollout of a tree uses the
-same env seed, so every rollout sees the same dealing of evidence. The turn right after the
-selected node is generated with the speaking agent's own system prompt: the reference code used
-the solver's prompt there even when the critic spoke (spec §13 item 9), a quirk fixed here.
+Generation is batched across trees, and each tree advances on its own
+(:mod:`optima_trainers.mcts_async`): the rollouts of every tree's current expansion share one
+:func:`optima_env.rollout.rollout` loop, each env replaying its node's path with
+``reset(options={"index": i, "prefix": [...]})``; as soon as a tree's rollouts have all ended they
+are scored (with those of the other trees that completed in the same step) and inserted, and the
+tree's next selection joins the batch without waiting for the other trees. A tree's result does
+not depend on the other trees: its rng, env seed and sampling keys are its own. Every rollout of a
+tree uses the same env seed, so every rollout sees the same dealing of evidence. The turn right
+after the selected node is generated with the speaking agent's own system prompt: the reference
+code used the solver's prompt there even when the critic spoke (spec §13 item 9), a quirk fixed here.
 
 Where this differs from the reference code (documented deviations):
 
@@ -49,9 +53,10 @@ from typing import Any, Literal
 from optima_env._env_checks import checked_score
 from optima_env.errors import ScoringError, TaskContractError
 from optima_env.policy import ChatPolicy, SamplingParams
-from optima_env.rollout import RolloutJob, job_seed, rollout
+from optima_env.rollout import job_seed
 from optima_env.task import Task
 from optima_env.types import Episode
+from optima_trainers.mcts_async import Expansion, ExpansionScheduler
 from optima_trainers.mcts_reward import MCTSReward, estimate_token_normalizer
 from optima_trainers.selection import draw_sample_id
 from optima_trainers.tree import Node, Tree, TreeTrajectory, normalized_edit_distance
@@ -79,7 +84,7 @@ class MCTSConfig:
     """Search settings (defaults: the reference code, spec §6.2)."""
 
     num_selections: int = 8
-    """Select-simulate-back-propagate rounds per tree."""
+    """Select-simulate-back-propagate expansions per tree."""
     rollouts_per_selection: int = 3
     """Conversations played from each selected node."""
     top_k: int = 10
@@ -186,7 +191,8 @@ def build_trees(
     concurrency: int | None = None,
     progress: bool = False,
 ) -> list[Tree]:
-    """Grow one search tree per instance, generating the rollouts of all trees in one batch per round.
+    """Grow one search tree per instance; the rollouts of all trees share one generation batch,
+    and each tree selects its next node as soon as its last rollouts have ended.
 
     Args:
         task: the task to play.
@@ -196,14 +202,16 @@ def build_trees(
             Optima reward with a constant token normalizer and ``impersonation="mcts"``), or the
             scored episodes (e.g. ``MCTSReward.score``), which the trees then keep.
         split: the data split.
-        seed: seeds the evidence dealing, the node selection and the sampling.
+        seed: seeds the evidence dealing, the node selection and the sampling (each request's key is
+            ``(tree seed, selection step, rollout number, turn)``).
         config: search settings.
         env_kwargs: :class:`~optima_env.conversation_env.ConversationEnv` options (``tokenizer``,
             ``turn_token_cap``, ``pm``, ...); ``max_turns`` is ``config.max_depth``.
         keys: per-tree identity the tree's seeds derive from (default: the instance index); pass
             distinct keys (e.g. the instance cursor position) when an instance appears twice.
-        concurrency: episodes per generation batch (default: every rollout of the round at once).
-        progress: show a progress bar over the rounds.
+        concurrency: episodes per generation batch (default: one expansion of every tree at once,
+            ``len(instance_indices) * rollouts_per_selection``).
+        progress: show a progress bar over the selections of all trees.
 
     Returns:
         The trees, in the order of ``instance_indices``.
@@ -249,57 +257,46 @@ def build_trees(
         rngs.append(random.Random(f"optima-mcts-select/{seed}/{key}"))
     if not trees:
         return []
-    per_node = config.rollouts_per_selection
-    rounds: Any = range(config.num_selections)
-    if progress:
-        from tqdm.auto import tqdm
+    tokenizer = env_kwargs.get("tokenizer")
 
-        rounds = tqdm(rounds, desc=f"mcts {task.id} ({len(trees)} trees)", unit="round")
-    for step in rounds:
-        starts = [select_node(tree, config, rng) for tree, rng in zip(trees, rngs)]
-        prefixes = [tree.prefix(start) for tree, start in zip(trees, starts)]
-        jobs = [
-            RolloutJob(index=tree.index, sample=t * per_node + r, seed=tree.seed)
-            for t, tree in enumerate(trees)
-            for r in range(per_node)
+    def finish(expansions: list[Expansion]) -> None:
+        """Score the completed expansions in one ``reward_fn`` call, then insert each rollout."""
+        played = [
+            _as_drawn(task, e, trees[x.tree], samples, config, tokenizer)
+            for x in expansions
+            for e in x.episodes
+            if e is not None
         ]
+        episodes, rewards = _rewards(reward_fn, played)
+        n = config.rollouts_per_selection
+        for i, x in enumerate(expansions):
+            tree = trees[x.tree]
+            for episode, reward in zip(episodes[i * n : (i + 1) * n], rewards[i * n : (i + 1) * n]):
+                _check_prompts(tree, episode)
+                tree.insert(
+                    episode, x.start, reward, merge_threshold=config.merge_edit_threshold, step=x.step
+                )
 
-        def reset_options(job: RolloutJob, prefixes: list[list[str]] = prefixes) -> dict[str, Any]:
-            return {"index": job.index, "prefix": prefixes[job.sample // per_node]}
-
-        episodes = rollout(
-            task,
-            policy,
-            jobs=jobs,
-            sampling=SamplingParams(
-                temperature=config.temperature,
-                max_new_tokens=config.max_new_tokens,
-                top_p=config.top_p,
-                stop=config.stop,
-                seed=job_seed(seed, -1, step),
-            ),
-            concurrency=concurrency or len(jobs),
-            env_kwargs=env_kwargs,
-            reset_options=reset_options,
-            # the rollouts of a tree share the env seed (same evidence), so the sampling key must
-            # tell them apart, or a per-request-seeded backend would sample the same text thrice
-            request_key=lambda job, turn: (job.seed, job.sample % per_node, turn),
-        )
-        episodes = [
-            _as_drawn(task, e, trees[job.sample // per_node], samples, config, env_kwargs.get("tokenizer"))
-            for job, e in zip(jobs, episodes)
-        ]
-        episodes, rewards = _rewards(reward_fn, episodes)
-        for job, episode, reward in zip(jobs, episodes, rewards):
-            tree = trees[job.sample // per_node]
-            _check_prompts(tree, episode)
-            tree.insert(
-                episode,
-                starts[job.sample // per_node],
-                reward,
-                merge_threshold=config.merge_edit_threshold,
-                step=step,
-            )
+    ExpansionScheduler(
+        trees,
+        rollouts=config.rollouts_per_selection,
+        selections=config.num_selections,
+        select=lambda t: select_node(trees[t], config, rngs[t]),
+        finish=finish,
+    ).run(
+        task,
+        policy,
+        sampling=SamplingParams(
+            temperature=config.temperature,
+            max_new_tokens=config.max_new_tokens,
+            top_p=config.top_p,
+            stop=config.stop,
+            seed=seed,
+        ),
+        concurrency=concurrency,
+        env_kwargs=env_kwargs,
+        progress=progress,
+    )
     return trees
 
 

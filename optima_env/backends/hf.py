@@ -113,11 +113,17 @@ class TransformersPolicy:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "embedded", **kwargs: Any) -> TransformersPolicy:
-        """Load a model with :func:`optima_env.models.load_model` (``dtype``, ``device``) and wrap it."""
+        """Load a model with :func:`optima_env.models.load_model` (``dtype``, ``device``) and wrap it.
+
+        A PEFT adapter folder is merged into its base model first, and brings its own tokenizer
+        if it has one (:func:`optima_env.backends.peft_adapter.load_merged`).
+        """
+        from optima_env.backends.peft_adapter import is_adapter, load_merged
         from optima_env.models import load_model
 
         own = {k: kwargs.pop(k) for k in ("batch_size", "fast", "prefix_cache_mb") if k in kwargs}
-        model, tokenizer = load_model(name_or_path, **kwargs)
+        load = load_merged if is_adapter(name_or_path) else load_model
+        model, tokenizer = load(name_or_path, **kwargs)
         return cls(model, tokenizer, **own)
 
     # -- public ---------------------------------------------------------------------------------

@@ -34,8 +34,9 @@ def load_policy(
     """The policy that generates with ``model`` on ``backend``.
 
     Args:
-        model: ``embedded``, a Hugging Face name, a local folder or a trainer checkpoint; for
-            ``openai``, the model name the server serves.
+        model: ``embedded``, a Hugging Face name, a local folder, a trainer checkpoint or a PEFT
+            adapter folder (``hf``, ``ct2``: merged into its base); for ``openai``, the model
+            name the server serves.
         backend: one of :data:`BACKENDS`.
         batch_size: requests generated together (``openai``: requests in flight).
         dtype: ``float32`` or ``bfloat16`` (``hf``, ``vllm``).
@@ -56,12 +57,20 @@ def load_policy(
     if backend == "hf":
         from optima_env.backends.hf import TransformersPolicy
         from optima_env.backends.keyed import KeyedSamplingPolicy
-        from optima_env.models import load_model
 
-        hf_model, tokenizer = load_model(model, dtype=dtype)
-        policy = TransformersPolicy(hf_model, tokenizer, batch_size=batch_size, **options)
-        return policy if policy.fast else KeyedSamplingPolicy(hf_model, tokenizer, batch_size=batch_size)
+        policy = TransformersPolicy.from_pretrained(model, dtype=dtype, batch_size=batch_size, **options)
+        if policy.fast:
+            return policy
+        return KeyedSamplingPolicy(policy.model, policy.tokenizer, batch_size=batch_size)
     if backend == "vllm":
+        from optima_env.backends.peft_adapter import is_adapter
+
+        if is_adapter(model):
+            raise TaskContractError(
+                f"backend vllm loads full model folders, got the PEFT adapter folder {model!r}; use "
+                "--backend hf or ct2 (both merge an adapter into its base), or save a merged copy with "
+                "optima_env.backends.peft_adapter.merge_into"
+            )
         try:
             from optima_env.backends.vllm import VLLMPolicy
         except ImportError as exc:

@@ -1,4 +1,4 @@
-"""The demo suite: the README block writer, the ratios, and one real end-to-end run on a tiny model."""
+"""The demo suite: its recipe, its tables and targets, and one real end-to-end run on a tiny model."""
 
 from __future__ import annotations
 
@@ -7,99 +7,108 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.demo import (
-    DEMO_TASKS,
-    README_BEGIN,
-    README_END,
-    DemoTask,
-    readme_block,
-    run_demo,
-    task_table,
-    update_readme,
-)
-from optima_env.errors import DataError
+from benchmarks.demo import adapter_dir, run_demo
+from benchmarks.demo_report import readme_block, summarize, table1
+from benchmarks.demo_tasks import DEMO_TASKS, MAIN_TASK, TRAINERS, DemoTask
+from benchmarks.readme import replace_block
+from optima_env import make_task
 
 
-def _demo(tasks: list[dict]) -> dict:
+def test_the_main_task_needs_both_agents_on_every_held_out_instance() -> None:
+    """The symbolic solver answers from all the facts, never from one agent's, and each agent holds
+    at least two candidates for the last hop (a guess is not an answer)."""
+    from optima_task_synth import Fact, solve
+
+    task = make_task(MAIN_TASK.task, **dict(MAIN_TASK.task_kwargs))
+    hops = MAIN_TASK.task_kwargs["hops"]
+    assert hops >= 2
+    for index in range(MAIN_TASK.eval_instances):
+        sample = task.samples(MAIN_TASK.eval_split)[index]
+        hands = [[Fact(*f) for f in hand] for hand in sample.metadata["hands"]]
+        subject = sample.metadata["subject"]
+        assert solve(subject, [f for hand in hands for f in hand], hops) == sample.answer
+        for hand in hands:
+            assert solve(subject, hand, hops) is None
+        last = {f.obj for hand in hands for f in hand if f.relation == hops - 1}
+        assert len(last) >= 2
+
+
+def test_demo_tasks_train_on_train_rows_and_name_their_departures() -> None:
+    for spec in DEMO_TASKS:
+        assert spec.eval_split != "train" and spec.eval_instances >= 100
+        assert spec.trainers == TRAINERS and spec.max_turns == 10
+        assert set(spec.baselines) == {"cot", "sc", "mad", "autoform"} and spec.sc_n == 8
+        for trainer in spec.trainers:
+            overrides = spec.config_overrides(trainer)
+            assert overrides.get("split", "train") == "train" and overrides["iterations"] >= 2
+        assert any("256" in d for d in spec.departures)  # the turn cap and why
+
+
+def _row(key: str, method: str, scores: list[float], tokens: list[float]) -> dict:
     return {
-        "command": "python -m benchmarks.run --suite demo",
-        "started": "2026-11-30 12:00 UTC",
-        "wall_time_s": 600.0,
-        "train_s": 1500.0,
-        "eval_s": 900.0,
-        "folder": "benchmarks/results/demo",
-        "report": "benchmarks/results/demo/report.md",
-        "tasks": tasks,
+        "task": "ie/synth-v0",
+        "method": method,
+        "method_key": key,
+        "score": sum(scores) / len(scores),
+        "mean_tokens": sum(tokens) / len(tokens),
+        "instances": len(scores),
+        "instance_scores": scores,
+        "instance_tokens": tokens,
     }
 
 
-SUMMARY = {
-    "task": "ie/synth-v0",
-    "name": "synth",
-    "eval_split": "test",
-    "status": "ok",
-    "reason": "",
-    "plot": "demo_synth.png",
-    "rows": [
-        {
-            "method": "MAD",
-            "score": 0.1,
-            "tokens": 200.0,
-            "instances": 40,
-            "score_ratio": 1.0,
-            "token_ratio": 1.0,
-        },
-        {
-            "method": "iSFT iter 01",
-            "score": 0.4,
-            "tokens": 20.0,
-            "instances": 40,
-            "score_ratio": 4.0,
-            "token_ratio": 0.1,
-        },
-    ],
-}
+class _Run:
+    """The fields of :class:`benchmarks.demo.TrainedRun` that the summary reads."""
+
+    def __init__(self, trainer: str, stages: list[str]) -> None:
+        self.trainer, self.shared = trainer, None
+        self.stages = tuple((s, f"/runs/{trainer}/{s}") for s in stages)
+        self.metrics = tuple({"stage": s, "select/selected": 4.0, "time/train_s": 10.0} for s in stages)
+
+    def compute_s(self) -> float:
+        return 10.0 * len(self.stages)
 
 
-def test_readme_block_replaces_only_what_lies_between_the_markers(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\nbefore\n{README_BEGIN}\nold table\n{README_END}\nafter\n", encoding="utf-8")
-    block = readme_block(_demo([SUMMARY]))
-    assert "| iSFT iter 01 | 0.400 | 20.0 | 4.00x | 0.10x |" in block
-    assert "![synth](benchmarks/results/demo/demo_synth.png)" in block
-    assert "(40 min of training and evaluation" in block
-    update_readme(readme, block)
-    text = readme.read_text(encoding="utf-8")
-    assert text.startswith("# x\n\nbefore\n" + README_BEGIN + "\n") and text.endswith(
-        README_END + "\nafter\n"
+def test_summary_intervals_ratios_and_targets() -> None:
+    n = 20
+    mad = _row("mad", "MAD", [0.1 if i % 2 else 0.0 for i in range(n)], [200.0] * n)
+    cot = _row("cot", "CoT", [0.2] * n, [30.0] * n)
+    isft = _row("ckpt:iSFT iter 01", "iSFT iter 01", [0.5] * n, [15.0] * n)
+    main = {"rows": [mad, cot, isft], "tasks": [{"status": "ok", "reason": ""}], "eval_generate_s": 60.0}
+    spec = DemoTask(name="synth", task="ie/synth-v0", trainers=("isft",), target_score_ratio=3.0,
+                    target_token_ratio=0.1, target_above_cot=True)  # fmt: skip
+    run = _Run("isft", ["iter_00", "iter_01"])
+    adapter = _row("ckpt:iSFT adapter", "iSFT adapter (r8, 0123abcd)", [0.5] * n, [15.0] * n)
+    main["rows"].append(adapter)
+    finals = {"iSFT adapter (r8, 0123abcd)": "iSFT"}
+    summary = summarize(
+        spec, main, None, [run], {}, labels={("isft", "iter_01"): "iSFT iter 01"}, finals=finals
     )
-    assert "old table" not in text and block in text
-    update_readme(readme, block)  # idempotent
-    assert readme.read_text(encoding="utf-8") == text
-
-
-def test_missing_markers_are_a_clear_error(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text(f"{README_END}\n{README_BEGIN}\n", encoding="utf-8")
-    with pytest.raises(DataError, match="expected the markers"):
-        update_readme(readme, "x\n")
-
-
-def test_a_task_that_did_not_run_says_why() -> None:
-    block = readme_block(_demo([{**SUMMARY, "status": "data missing", "reason": "no dev.jsonl", "rows": []}]))
-    assert "not evaluated: data missing: no dev.jsonl" in block
-    assert task_table(SUMMARY).count("\n") == 3  # header, rule, two rows
-
-
-def test_demo_tasks_train_on_train_and_evaluate_on_held_out_rows() -> None:
-    for spec in DEMO_TASKS:
-        assert spec.eval_split != spec.train.get("split", "train")
-        assert spec.train["iterations"] >= 1 and spec.why
+    rows = {r["key"]: r for r in summary["rows"]}
+    assert rows["ckpt:iSFT adapter"]["final_of"] == "iSFT" and rows["ckpt:iSFT iter 01"]["final_of"] is None
+    assert rows["ckpt:iSFT adapter"]["score_ratio"] == pytest.approx(10.0)
+    assert rows["ckpt:iSFT adapter"]["token_ratio"] == pytest.approx(0.075)
+    low, high = rows["mad"]["score_ci"]
+    assert 0.0 < low < 0.05 < high < 0.1  # MAD scores 0.05 with spread; CoT's interval is a point
+    assert rows["cot"]["score_ci"] == [0.2, 0.2]
+    assert summary["targets"]["met"] and summary["targets"]["best"] == "iSFT"
+    assert summary["train_s"] == 20.0 and summary["eval_s"] == 60.0
+    assert [p["score"] for p in summary["curves"]["iSFT"]] == [None, 0.5]  # iter 00 not evaluated here
+    table = table1(summary)
+    assert "| iSFT | 0.500 [0.500, 0.500] | 15.0 [15.0, 15.0] | 10.00x" in table
+    assert "iter 01" not in table and "iter 01" in table1(summary, stages=True)
+    weak = _row("ckpt:iSFT adapter", "iSFT adapter (r8, 0123abcd)", [0.15] * n, [15.0] * n)
+    worse = summarize(spec, {**main, "rows": [mad, cot, weak]}, None, [run], {}, labels={}, finals=finals)
+    assert not worse["targets"]["met"]  # 3x MAD but below CoT
+    block = readme_block({"command": "c", "train_s": 60.0, "eval_s": 60.0, "report": "r.md", "folder": "f",
+                          "tasks": [{**summary, "plots": ["demo_synth.png"]}]})  # fmt: skip
+    assert "![demo_synth.png](f/demo_synth.png)" in block and "— met." in block
 
 
 @pytest.mark.slow
-def test_demo_end_to_end_on_a_tiny_model_then_resumes(tmp_path: Path) -> None:
-    """Real iSFT (TRL, LoRA) and real evaluation on a tiny random Llama; a rerun generates nothing."""
+def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_path: Path) -> None:
+    """Real iSFT, iDPO and iSFT-DPO (TRL, LoRA) on a tiny random Llama, their adapters exported with
+    a manifest, real evaluation of every baseline and stage, the README block; then a rerun."""
     pytest.importorskip("trl")
     from tests.optima_trainers.tiny_model import make_tiny_model
 
@@ -107,42 +116,75 @@ def test_demo_end_to_end_on_a_tiny_model_then_resumes(tmp_path: Path) -> None:
     spec = DemoTask(
         name="synth",
         task="ie/synth-v0",
-        task_kwargs={"num_distractors": 1, "style": "small"},
+        task_kwargs={"hops": 2, "num_distractors": 1, "style": "small"},
         model=str(model),
         train={
-            "iterations": 2,
             "generation.instances": 2,
             "generation.num_samples": 2,
             "generation.max_turns": 2,
             "generation.max_new_tokens": 6,
-            "selection.theta": -100.0,
-            "sft.max_steps": 1,
             "generation.concurrency": 4,
+            "selection.theta": -100.0,
             "reward_preset": "paper",
+            "sft.max_steps": 1,
+            "dpo.max_steps": 1,
+            "tree.instances": 2,
+            "tree.selections": 2,
+            "tree.rollouts": 2,
+            "tree.normalizer_instances": 2,
+            "tree.theta_filter": -100.0,
+            "tree.theta_diff": 0.0,
+        },
+        train_by_trainer={
+            "isft": {"iterations": 2},
+            "idpo": {"iterations": 1},
+            "isft-dpo": {"iterations": 1},
         },
         eval_instances=2,
-        why="a smoke test",
+        max_turns=2,
+        max_new_tokens=6,
+        sc_n=2,
+        scaling_instances=2,
+        scaling_k=2,
     )
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{README_BEGIN}\n{README_END}\n", encoding="utf-8")
+    readme.write_text("intro\n<!-- begin demo -->\n<!-- end demo -->\n", encoding="utf-8")
     out = tmp_path / "demo"
     demo = run_demo(out, tasks=[spec], update_readme_path=readme, progress=False)
 
     (summary,) = demo["tasks"]
     assert demo["train_s"] > 0 and demo["eval_s"] > 0
-    assert [r["method"] for r in summary["rows"]] == ["MAD", "CoT", "iSFT iter 00", "iSFT iter 01"]
-    assert all(r["instances"] == 2 and r["score"] is not None for r in summary["rows"])
-    trained = summary["rows"][2:]
-    assert all(r["train"]["select/selected"] > 0 and r["train"]["time/total_s"] > 0 for r in trained)
+    methods = [r["method"] for r in summary["rows"]]
+    assert methods[:4] == ["CoT", "SC (n=2)", "MAD", "AutoForm"]
+    # iSFT's two stages, then iDPO's and iSFT-DPO's own stages (their shared M_0 once), then the
+    # three exported adapters
+    assert methods[4:8] == ["iSFT iter 00", "iSFT iter 01", "iDPO iter 01", "iSFT-DPO iter 00 dpo"]
+    assert [m.split(" (")[0] for m in methods[8:]] == ["iSFT adapter", "iDPO adapter", "iSFT-DPO adapter"]
+    assert all(r["instances"] == 2 and r["score"] is not None and r["score_ci"] for r in summary["rows"])
+    assert {r["final_of"] for r in summary["rows"] if r["final_of"]} == {"iSFT", "iDPO", "iSFT-DPO"}
+    for trainer in TRAINERS:
+        folder = adapter_dir(out, "synth", trainer)
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        assert manifest["provenance"]["trainer"] == trainer or manifest.get("trainer") == trainer
+        assert (folder / "adapter_model.safetensors").is_file() and (folder / "adapter_config.json").is_file()
+    shared = json.loads((out / "synth" / "train" / "idpo" / "shared_init.json").read_text(encoding="utf-8"))
+    assert shared["stage"] == "iter_00"
+    curves = summary["curves"]
+    assert [p["shared"] for p in curves["iDPO"]] == [True, False]
+    assert curves["iDPO"][0]["score"] == curves["iSFT"][0]["score"]  # M_0 is iSFT's iter 00 row
+    assert summary["scaling"] and all(len(c) == 2 for c in summary["scaling"].values())
     assert (out / "report.md").read_text(encoding="utf-8").startswith("# Optima demo")
-    assert (out / "demo_synth.png").stat().st_size > 1000
-    assert json.loads((out / "demo.json").read_text(encoding="utf-8"))["tasks"][0]["rows"] == summary["rows"]
-    assert "| iSFT iter 01 |" in readme.read_text(encoding="utf-8")
-    episodes = out / "synth" / "eval" / "episodes.jsonl"
-    assert len(episodes.read_text(encoding="utf-8").splitlines()) == 4 * 2  # 4 systems x 2 instances
+    assert summary["plots"] == ["demo_synth.png", "demo_synth_scaling.png"]
+    assert all((out / p).stat().st_size > 1000 for p in summary["plots"])
+    assert "| iSFT-DPO |" in readme.read_text(encoding="utf-8")
 
-    before = episodes.read_bytes()
+    episodes = out / "synth" / "eval" / "episodes.jsonl"
+    frozen = {p: p.read_bytes() for p in [episodes, *out.glob("adapters/synth/*/*")]}
+    mtimes = {p: p.stat().st_mtime_ns for p in frozen}
     again = run_demo(out, tasks=[spec], progress=False)
-    assert episodes.read_bytes() == before  # resumed: nothing regenerated
+    assert {p: p.read_bytes() for p in frozen} == frozen  # resumed: nothing regenerated
+    assert {p: p.stat().st_mtime_ns for p in frozen} == mtimes
     assert again["tasks"][0]["rows"] == summary["rows"]
     assert (again["train_s"], again["eval_s"]) == (demo["train_s"], demo["eval_s"])  # the work's time, kept
+    replace_block(readme, "demo", readme_block(again))
+    assert "| iSFT-DPO |" in readme.read_text(encoding="utf-8")

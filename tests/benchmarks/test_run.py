@@ -85,7 +85,7 @@ def test_unknown_task_is_a_clear_error_not_a_traceback() -> None:
 
 def test_unknown_suite_and_method_are_clear_errors(tmp_path) -> None:
     proc = _run("--suite", "nope", "--model", "scripted", "--out", str(tmp_path / "a"))
-    assert proc.returncode == 2 and "no suite 'nope'; expected one of smoke, paper" in proc.stderr
+    assert proc.returncode == 2 and "no suite 'nope'; expected one of main, smoke, paper" in proc.stderr
     proc = _run("--methods", "cot,tot", "--model", "scripted", "--out", str(tmp_path / "b"))
     assert proc.returncode == 2 and "unknown method 'tot'" in proc.stderr
 

@@ -15,9 +15,18 @@ from optima_env.io import read_episodes
 from tests.benchmarks.bench_helpers import MISSING_REASON, assert_png
 
 
-def test_smoke_is_the_default_suite() -> None:
+def test_main_is_the_default_suite_and_plays_the_demo_setting_and_adapters() -> None:
+    from benchmarks.demo_tasks import MAIN_TASK
+
     args = parse_args([])
-    assert args.suite == "smoke" and args.model == "embedded"
+    assert args.suite == "main" and args.model == "embedded"
+    main = get_suite("main")
+    assert main.tasks == ((MAIN_TASK.task,),) and main.methods == ("cot", "mad")
+    assert main.task_kwargs == {MAIN_TASK.task: dict(MAIN_TASK.task_kwargs)}
+    assert (main.max_turns, main.max_new_tokens) == (MAIN_TASK.max_turns, MAIN_TASK.max_new_tokens)
+    assert [label for label, _ in main.adapters] == ["iSFT", "iDPO", "iSFT-DPO"]
+    assert all(folder.endswith(f"adapters/{MAIN_TASK.name}/{t}") for (_, folder), t in
+               zip(main.adapters, ("isft", "idpo", "isft-dpo")))  # fmt: skip
     smoke = get_suite("smoke")
     assert smoke.tasks == (("ie/synth-v0",),) and smoke.methods == ("cot", "mad") and smoke.instances
 

@@ -31,3 +31,37 @@ def make_tiny_model(folder: Path, *, seed: int = 0, tie_word_embeddings: bool = 
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def add_low_rank_delta(
+    base: Path,
+    folder: Path,
+    *,
+    modules: tuple[str, ...] = ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"),
+    rank: int = 2,
+    scale: float = 0.05,
+    seed: int = 0,
+    also: dict[str, float] | None = None,
+    dtype: str = "float32",
+) -> Path:
+    """Save a "trained" copy of the model at ``base`` into ``folder``: each linear module of
+    ``modules`` gets a known random rank-``rank`` delta ``scale · U Vᵀ``, and each weight named in
+    ``also`` (e.g. ``{"model.embed_tokens.weight": 0.1}``) gets dense noise of that size; the
+    weights are saved in ``dtype``."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name in modules:
+            weight = params[f"{name}.weight"]
+            u = torch.randn(weight.shape[0], rank, generator=generator)
+            v = torch.randn(weight.shape[1], rank, generator=generator)
+            weight += scale * (u @ v.T)
+        for name, size in (also or {}).items():
+            params[name] += size * torch.randn(params[name].shape, generator=generator)
+    model.to(getattr(torch, dtype)).save_pretrained(folder)
+    transformers.AutoTokenizer.from_pretrained(base).save_pretrained(folder)
+    return folder

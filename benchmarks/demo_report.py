@@ -1,0 +1,318 @@
+"""The demo's numbers and pages: per-task summaries with bootstrap intervals, plots, ``report.md``
+and the README block (:mod:`benchmarks.demo` computes, this module only reads and writes)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.demo_tasks import DemoTask, eval_settings, trainer_label
+from benchmarks.intervals import add_intervals, cell
+
+__all__ = ["readme_block", "render_report", "summarize", "table1", "write_plots"]
+
+
+def _row(row: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: row.get(k) for k in ("method", "score", "instances", "score_ci", "tokens_ci")}
+    out |= {k: row.get(k) for k in ("score_ratio", "score_ratio_ci", "token_ratio", "token_ratio_ci")}
+    return out | {"key": row["method_key"], "tokens": row["mean_tokens"]}
+
+
+def _curve(
+    run: Any, rows: Mapping[str, dict[str, Any]], labels: Mapping[tuple[str, str], str]
+) -> list[dict[str, Any]]:
+    """Per-stage points of one run: the held-out score and tokens, and the training metrics."""
+    points = []
+    by_stage = {m.get("stage"): m for m in run.metrics}
+    for stage, _ in run.stages:
+        metrics = by_stage.get(stage, {})
+        held = rows.get(labels.get((run.trainer, stage), ""))
+        points.append(
+            {
+                "stage": stage,
+                "score": held["score"] if held else None,
+                "tokens": held["tokens"] if held else None,
+                "score_ci": held["score_ci"] if held else None,
+                "selected": metrics.get("select/selected"),
+                "pairs": metrics.get("pairs/kept"),
+                "sampled_score": metrics.get("rollout/task_score"),
+                "sampled_tokens": metrics.get("rollout/tokens"),
+                "loss": metrics.get("train/loss"),
+                "wall_s": sum(v for k, v in metrics.items() if k.startswith("time/")),
+                "shared": stage == run.shared,
+            }
+        )
+    return points
+
+
+def summarize(
+    spec: DemoTask,
+    main: Mapping[str, Any] | None,
+    scaling: Mapping[str, Any] | None,
+    runs: Sequence[Any],
+    exports: Mapping[str, Mapping[str, Any]],
+    *,
+    labels: Mapping[tuple[str, str], str] | None = None,
+    finals: Mapping[str, str] | None = None,
+    status: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """The summary of one task (``demo.json``'s entry): rows with intervals, curves, targets.
+
+    ``labels`` maps every (trainer, stage) of ``runs`` to its evaluated row
+    (:func:`benchmarks.demo.row_labels`), ``finals`` the row of each run's committed adapter to
+    the run's name (``iSFT``): those rows are the trained systems of the table.
+    """
+    summary: dict[str, Any] = {
+        "task": spec.task,
+        "name": spec.name,
+        "task_kwargs": dict(spec.task_kwargs),
+        "eval_split": spec.eval_split + (f" ({spec.eval_label})" if spec.eval_label else ""),
+        "settings": {k: getattr(eval_settings(spec), k) for k in ("max_turns", "max_new_tokens", "sc_n")},
+        "train": {t: spec.config_overrides(t) for t in spec.trainers},
+        "departures": list(spec.departures),
+        "status": status[0] if status else main["tasks"][0]["status"] if main else "missing",
+        "reason": status[1] if status else main["tasks"][0]["reason"] if main else "",
+        "rows": [],
+    }
+    if main is None:
+        return summary
+    add_intervals(main["rows"], base_key="mad")
+    rows = [_row(r) for r in main["rows"]]
+    by_label = {r["method"]: r for r in rows}
+    for row in rows:
+        row["final_of"] = (finals or {}).get(row["method"])
+    summary.update(
+        rows=rows,
+        curves={trainer_label(r.trainer): _curve(r, by_label, labels or {}) for r in runs},
+        adapters={
+            trainer_label(t): {
+                k: m.get(k) for k in ("bytes", "rank", "dtype", "delta_relative_error", "path")
+            }
+            | {"folder": str(m.get("folder", ""))}
+            for t, m in exports.items()
+        },
+        train_s=round(sum(r.compute_s() for r in runs), 1),
+        eval_s=round(main.get("eval_generate_s", 0.0) + (scaling or {}).get("eval_generate_s", 0.0), 1),
+        scaling=(scaling or {}).get("curves", {}).get(spec.task, {}),
+        targets=_targets(spec, rows),
+    )
+    return summary
+
+
+def _targets(spec: DemoTask, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    finals = [r for r in rows if r.get("final_of") and r.get("score") is not None]
+    cot = next((r for r in rows if r["key"] == "cot"), None)
+    if not finals:
+        return {}
+    best = max(finals, key=lambda r: r["score"])
+    out = {
+        "best": best["final_of"],
+        "score_ratio": best.get("score_ratio"),
+        "token_ratio": best.get("token_ratio"),
+        "wanted_score_ratio": spec.target_score_ratio,
+        "wanted_token_ratio": spec.target_token_ratio,
+    }
+    met = [
+        out["score_ratio"] is not None and out["score_ratio"] >= spec.target_score_ratio,
+        out["token_ratio"] is not None and out["token_ratio"] <= spec.target_token_ratio,
+    ]
+    if spec.target_above_cot and cot is not None:
+        out["cot_score"] = cot["score"]
+        met.append(best["score"] > cot["score"])
+    out["met"] = all(met)
+    return out
+
+
+# -- tables ---------------------------------------------------------------------------------------
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def table1(summary: Mapping[str, Any], *, stages: bool = False) -> str:
+    """The Table-1-style table of one task: baselines and trained systems (``stages``: every stage)."""
+    lines = [
+        "| System | Score (95% CI) | Tokens / episode (95% CI) | Score vs MAD | Tokens vs MAD |",
+        "|---|---|---|---|---|",
+    ]
+    for row in summary["rows"]:
+        trained = row["key"].startswith("ckpt:")
+        if trained and not stages and not row.get("final_of"):
+            continue
+        label = row["final_of"] if row.get("final_of") and not stages else row["method"]
+        lines.append(
+            f"| {label} | {cell(row['score'], row['score_ci'])} | "
+            f"{cell(row['tokens'], row['tokens_ci'], 1)} | "
+            f"{cell(row.get('score_ratio'), row.get('score_ratio_ci'), 2, 'x')} | "
+            f"{cell(row.get('token_ratio'), row.get('token_ratio_ci'), 2, 'x')} |"
+        )
+    return "\n".join(lines)
+
+
+def _curve_table(summary: Mapping[str, Any]) -> list[str]:
+    lines = [
+        "| Run | Stage | Held-out score | Held-out tokens | Selected / pairs | Sampled score | Train loss "
+        "| Wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run, points in summary.get("curves", {}).items():
+        for p in points:
+            data = p["selected"] if p["selected"] is not None else p["pairs"]
+            lines.append(
+                f"| {run} | {p['stage']}{' (shared M_0)' if p['shared'] else ''} | {_fmt(p['score'])} | "
+                f"{_fmt(p['tokens'], 1)} | {_fmt(int(data) if data is not None else None)} | "
+                f"{_fmt(p['sampled_score'])} | {_fmt(p['loss'])} | {_fmt(p['wall_s'], 0)} |"
+            )
+    return lines
+
+
+def _target_line(summary: Mapping[str, Any]) -> str:
+    t = summary.get("targets") or {}
+    if not t:
+        return ""
+    text = (
+        f"Target: the best trained system ({t['best']}) at least {t['wanted_score_ratio']:g}x MAD's score "
+        f"with at most {t['wanted_token_ratio']:.0%} of its tokens"
+        + (" and above CoT" if "cot_score" in t else "")
+        + f": measured {_fmt(t['score_ratio'], 2)}x at {_fmt(t['token_ratio'], 3)}x the tokens"
+        + (f" (CoT {_fmt(t['cot_score'])})" if "cot_score" in t else "")
+    )
+    return text + (" — met." if t["met"] else " — **not met** (see the per-iteration curves).")
+
+
+def render_report(demo: Mapping[str, Any]) -> str:
+    """``report.md`` of the demo."""
+    parts = [
+        "# Optima demo: Table 1 on 2 CPU cores with the embedded model",
+        "",
+        f"Command: `{demo['command']}`  ",
+        f"Compute: training {demo['train_s'] / 60:.1f} min and evaluation {demo['eval_s'] / 60:.1f} min, "
+        "summed over every invocation that did the work (a resumed run reuses what is done; the "
+        "shared initialization is counted once); this invocation started "
+        f"{demo['started']} and took {demo['wall_time_s'] / 60:.1f} min; git commit {demo['git_commit']}; "
+        f"torch threads {demo['threads']}.",
+        "",
+        "Rows: **CoT** the untrained model alone with all the evidence, **SC** its majority vote over "
+        "8 samples (T=0.7), **MAD** the untrained 2-agent system with natural-language prompts, "
+        "**AutoForm** the untrained 2-agent system with AutoForm prompts; **iSFT / iDPO / iSFT-DPO** "
+        "the 2-agent system with each run's final model (its committed adapter). Greedy, held-out "
+        "instances, the same caps for every system. Intervals: 95% percentile bootstrap over "
+        "instances (2000 resamples); ratios are paired over the same instances.",
+        "",
+    ]
+    for s in demo["tasks"]:
+        parts += [f"## {s['task']}", ""]
+        if s["status"] != "ok":
+            parts += [f"Not evaluated: {s['status']}: {s['reason']}", ""]
+            continue
+        n = s["rows"][0]["instances"] if s["rows"] else 0
+        parts += [
+            f"{n} held-out instances of split {s['eval_split']}; caps: {s['settings']['max_turns']} "
+            f"turns of at most {s['settings']['max_new_tokens']} new tokens.",
+            "",
+            table1(s),
+            "",
+            _target_line(s),
+            "",
+        ]
+        parts += [f"![{name}]({name})" for name in s.get("plots", [])] + [""]
+        parts += [
+            "Every stage on the held-out instances, and its training data:",
+            "",
+            table1(s, stages=True),
+            "",
+        ]
+        parts += [*_curve_table(s), ""]
+        if s.get("adapters"):
+            parts += ["Committed adapters (the final model of each run as a LoRA adapter):", ""]
+            for name, a in s["adapters"].items():
+                err = a.get("delta_relative_error") or {}
+                parts.append(
+                    f"- {name}: `{a['folder']}`, rank {a.get('rank')}, {a.get('dtype')}, "
+                    f"{(a.get('bytes') or 0) / 1e6:.1f} MB, weight-change relative error mean "
+                    f"{_fmt(err.get('mean'))} / max {_fmt(err.get('max'))}"
+                )
+            parts.append("")
+        parts += ["Departures from the spec, and why:", ""] + [f"- {d}" for d in s["departures"]] + [""]
+        parts += [f"Training overrides per trainer (on the cpu profile): `{json.dumps(s['train'])}`; task "
+                  f"kwargs `{json.dumps(s['task_kwargs'])}`.", ""]  # fmt: skip
+    return "\n".join(parts)
+
+
+def readme_block(demo: Mapping[str, Any]) -> str:
+    """The README's demo block (between the markers), from ``demo.json``'s content."""
+    parts = [
+        f"Generated by `{demo['command']}` ({(demo['train_s'] + demo['eval_s']) / 60:.0f} min of "
+        "training and evaluation on 2 CPU cores, summed over tasks and invocations); "
+        f"full report: [`{demo['report']}`]({demo['report']}).",
+        "",
+    ]
+    for s in demo["tasks"]:
+        n = s["rows"][0]["instances"] if s["rows"] else 0
+        parts += [f"**{s['task']}** (split {s['eval_split']}, greedy, {n} held-out instances):", ""]
+        if s["status"] != "ok":
+            parts += [f"not evaluated: {s['status']}: {s['reason']}", ""]
+            continue
+        parts += [table1(s), "", _target_line(s), ""]
+        parts += [f"![{name}]({demo['folder']}/{name})" for name in s.get("plots", [])] + [""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+# -- plots ----------------------------------------------------------------------------------------
+def write_plots(summary: Mapping[str, Any], out: Path) -> list[str]:
+    """``demo_<task>.png`` (held-out score and tokens per stage of every run) and, with scaling
+    curves, ``demo_<task>_scaling.png`` (score vs samples and vs tokens); returns the file names."""
+    from benchmarks.plots import _pyplot
+
+    names: list[str] = []
+    rows = {r["key"]: r for r in summary["rows"]}
+    if summary.get("curves"):
+        plt = _pyplot()
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for ax, key, title in ((axes[0], "score", "held-out score"), (axes[1], "tokens", "tokens / episode")):
+            for i, (run, points) in enumerate(summary["curves"].items()):
+                ys = [p[key] for p in points]
+                ax.plot(range(len(ys)), ys, marker="o", color=f"C{i}", label=run)
+            for base, style in (("mad", "--"), ("cot", ":")):
+                if base in rows and rows[base][key] is not None:
+                    ax.axhline(rows[base][key], color="gray", linestyle=style, label=rows[base]["method"])
+            ax.set_xlabel("stage (0 = initialization)")
+            ax.set_title(f"{summary['task']}: {title}")
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.tight_layout()
+        name = f"demo_{summary['name']}.png"
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        names.append(name)
+    if summary.get("scaling"):
+        plt = _pyplot()
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for i, (method, curve) in enumerate(summary["scaling"].items()):
+            ks = list(range(1, len(curve) + 1))
+            axes[0].plot(ks, [p["score"] for p in curve], marker="o", color=f"C{i}", label=method)
+            axes[1].plot(
+                [p["tokens"] for p in curve],
+                [p["score"] for p in curve],
+                marker="o",
+                color=f"C{i}",
+                label=method,
+            )
+        axes[0].set_xlabel("samples per instance (k)")
+        axes[1].set_xlabel("tokens per instance (k samples)")
+        axes[1].set_xscale("log")
+        for ax in axes:
+            ax.set_ylabel("majority-vote score")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"{summary['task']}: inference scaling (T=0.5)")
+        fig.tight_layout()
+        name = f"demo_{summary['name']}_scaling.png"
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        names.append(name)
+    return names

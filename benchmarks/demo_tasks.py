@@ -1,0 +1,206 @@
+"""The demo's recipe: which tasks, which trainers, how they train and how they are evaluated.
+
+:data:`DEMO_TASKS` is what ``python -m benchmarks.run --suite demo`` trains and evaluates, and
+:data:`MAIN_TASK` (its synthetic task) is what the README's main command, ``python -m
+benchmarks.run``, evaluates live with the adapters the demo committed. Every way the recipe departs
+from the spec (``../shared/docs/optima-spec.md``) is listed in :attr:`DemoTask.departures` and
+printed in the report, with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.methods import PlaySettings
+
+__all__ = ["DEMO_TASKS", "MAIN_TASK", "TRAINERS", "DemoTask", "eval_settings", "stage_label", "trainer_label"]
+
+TRAINERS: tuple[str, ...] = ("isft", "idpo", "isft-dpo")
+"""The three Optima variants, trained on every demo task (table order)."""
+
+_LABELS = {"isft": "iSFT", "idpo": "iDPO", "isft-dpo": "iSFT-DPO"}
+
+
+def trainer_label(trainer: str) -> str:
+    """The row label of a trainer (``isft`` -> ``iSFT``)."""
+    return _LABELS.get(trainer, trainer)
+
+
+def stage_label(trainer: str, stage: str) -> str:
+    """The row label of one stage of one run (``iSFT iter 01``, ``iSFT-DPO iter 00 dpo``)."""
+    return f"{trainer_label(trainer)} {stage.replace('iter_', 'iter ').replace('_', ' ')}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoTask:
+    """One task of the demo: what is trained, how, and what it is evaluated on."""
+
+    name: str
+    """Short name (folder, adapter and plot names)."""
+    task: str
+    """Registered task id."""
+    task_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the task factory (training and evaluation alike)."""
+    model: str = "embedded"
+    """The starting (untrained) model: ``embedded``, a Hugging Face name or a local folder."""
+    trainers: tuple[str, ...] = TRAINERS
+    """The trainer backends trained on this task."""
+    train: Mapping[str, Any] = field(default_factory=dict)
+    """Dotted :class:`~optima_trainers.config.TrainConfig` overrides on the cpu profile, shared by
+    every trainer (the initialization, M_0, is then the same stage for all three and is trained once)."""
+    train_by_trainer: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per-trainer overrides on top of :attr:`train` (e.g. the number of iterations)."""
+    eval_split: str = "test"
+    """Held-out split of the evaluation (training reads ``train`` only)."""
+    eval_label: str = ""
+    """What that split is, when its name does not say (HotpotQA's ``test`` is the dev set)."""
+    eval_instances: int = 100
+    """Held-out instances evaluated (the first N of the split)."""
+    max_turns: int = 10
+    """Evaluation turn cap, the same for every system (the reference's 10)."""
+    max_new_tokens: int = 256
+    """Evaluation cap of one turn in tokens, the same for every system."""
+    baselines: tuple[str, ...] = ("cot", "sc", "mad", "autoform")
+    """Untrained baselines (``benchmarks.methods``); ``mad`` is the base of every ratio."""
+    sc_n: int = 8
+    """Samples of SC."""
+    scaling_instances: int = 20
+    """Instances of the inference-scaling figure (MAD vs the best trained system, k samples each)."""
+    scaling_k: int = 8
+    """Samples per instance of the inference-scaling figure (temperature 0.5, as the paper)."""
+    adapter_rank: int = 8
+    """Rank of the committed adapters (a truncated SVD of the final model's weight change; the
+    report shows the adapter's row beside the full final checkpoint's)."""
+    departures: tuple[str, ...] = ()
+    """How this recipe departs from the spec, and why (printed in the report)."""
+    target_score_ratio: float = 1.5
+    """Target: the best trained system's score at least this many times MAD's."""
+    target_token_ratio: float = 0.2
+    """Target: with at most this fraction of MAD's tokens per episode."""
+    target_above_cot: bool = False
+    """Target: and a score above CoT's."""
+
+    def config_overrides(self, trainer: str) -> dict[str, Any]:
+        """The dotted overrides of ``trainer``'s run."""
+        return {**dict(self.train), **dict(self.train_by_trainer.get(trainer, {}))}
+
+
+def eval_settings(spec: DemoTask) -> PlaySettings:
+    """The evaluation settings of a demo task: the same caps for every system, greedy."""
+    return PlaySettings(
+        max_turns=spec.max_turns,
+        max_new_tokens=spec.max_new_tokens,
+        temperature=0.0,
+        sc_n=spec.sc_n,
+        scaling_k=spec.scaling_k,
+        scaling_temperature=0.5,
+        stop_at_speaker_tags=True,
+    )
+
+
+_COMMON_DEPARTURES = (
+    "Model: SmolLM2-135M-Instruct (the embedded model) with LoRA r=16 on every linear layer, fp32, "
+    "on 2 CPU cores; the paper fully fine-tunes Llama-3-8B on GPUs.",
+    "Generation engine: the transformers rollout engine, not CTranslate2: on this machine's "
+    "multi-turn rollouts CTranslate2 int8 ran slower (43 vs 69 tok/s at batch 32, "
+    "benchmarks/results/rollout/results.md) because it re-reads the whole history every turn.",
+    "Answers are read in style 'small' (the <A> tag, else 'Answer: x', else the whole turn, which "
+    "F1 credits partly): the untrained 135M model never writes the tag, so under the paper's "
+    "tag-only reading every untrained system scores exactly 0 and training has nothing to select.",
+    "Selection: theta_sft off (-100) and conversations with a task score above 0 only: at this "
+    "model size the Eq. 1 reward cannot separate a partly right answer from a short wrong one.",
+    "Turns are cut where the speaker starts writing its partner's 'Name:' tag (the cpu profile; the "
+    "reference penalizes impersonation instead), in training and in every evaluated system.",
+    "Evaluation caps: 10 turns (the reference's) of at most 256 new tokens (the reference's 2000 "
+    "did not fit the CPU budget: untrained systems run to the cap). Training samples shorter "
+    "conversations (see the settings), since sampling is most of the compute.",
+    "Sizes: the training instances, samples, tree sizes and iterations in the settings below, "
+    "against the paper's full training sets; the per-iteration curves show where they stop.",
+)
+
+DEMO_TASKS: tuple[DemoTask, ...] = (
+    DemoTask(
+        name="synth",
+        task="ie/synth-v0",
+        task_kwargs={"hops": 2, "num_distractors": 1, "style": "small"},
+        train={
+            "generation.instances": 32,
+            "generation.num_samples": 4,
+            "generation.max_turns": 6,
+            "generation.max_new_tokens": 64,
+            "generation.init_temperature": 0.5,
+            "generation.temperature": 0.5,
+            "reward_preset": "paper",
+            "selection.theta": -100.0,
+            "selection.min_task_score": 1e-9,
+            "sft.learning_rate": 2e-4,
+            "sft.epochs": 2,
+            "tree.instances": 16,
+            "tree.selections": 6,
+            "tree.rollouts": 3,
+            "tree.normalizer_instances": 16,
+        },
+        train_by_trainer={
+            "isft": {"iterations": 4},
+            "idpo": {"iterations": 3},
+            "isft-dpo": {"iterations": 3},
+        },
+        eval_instances=100,
+        target_score_ratio=3.0,
+        target_token_ratio=0.1,
+        target_above_cot=True,
+        departures=(
+            *_COMMON_DEPARTURES,
+            "Task: 2 hops with one distractor fact per relation and agent: Alice holds the person's "
+            "employer (and a rival's), Bob the employers' cities; the symbolic solver "
+            "(plugins/optima_task_synth.solve) finds the answer from neither agent's facts alone "
+            "(tests/plugins/test_synth.py), so the agents must exchange what they know.",
+        ),
+    ),
+    DemoTask(
+        name="hotpotqa",
+        task="ie/hotpotqa-v0",
+        task_kwargs={"style": "small"},
+        train={
+            "generation.instances": 24,
+            "generation.num_samples": 3,
+            "generation.max_turns": 4,
+            "generation.max_new_tokens": 64,
+            "generation.init_temperature": 0.5,
+            "generation.temperature": 0.5,
+            "generation.diverse_init": False,
+            "reward_preset": "paper",
+            "selection.theta": -100.0,
+            "selection.min_task_score": 1e-9,
+            "sft.learning_rate": 2e-4,
+            "sft.epochs": 2,
+            "tree.instances": 8,
+            "tree.selections": 4,
+            "tree.rollouts": 3,
+            "tree.normalizer_instances": 8,
+        },
+        train_by_trainer={
+            "isft": {"iterations": 3},
+            "idpo": {"iterations": 2},
+            "isft-dpo": {"iterations": 2},
+        },
+        eval_instances=100,
+        eval_label="the dev set",
+        scaling_instances=0,
+        departures=(
+            *_COMMON_DEPARTURES,
+            "Data: trained on the first rows of the 200-row train file (the cursor never reaches "
+            "dev), evaluated on the first 100 dev rows; the paper's prompt and dealing (the first "
+            "sentences of the paragraphs, as the reference loader).",
+            "No format-diverse initialization prompts and fewer, shorter samples than the synthetic "
+            "task: HotpotQA's prompts are several times longer, so every token costs more.",
+            "No inference-scaling figure for HotpotQA (the synthetic task's stands for both).",
+        ),
+    ),
+)
+"""The demo's tasks and their settings (``--task`` picks some of them by name)."""
+
+MAIN_TASK: DemoTask = DEMO_TASKS[0]
+"""The task of the README's main command (``python -m benchmarks.run``)."""
