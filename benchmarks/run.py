@@ -38,7 +38,6 @@ exit code 2; ``--debug`` prints its traceback too.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import inspect
@@ -49,11 +48,17 @@ import subprocess
 import sys
 import time
 import traceback
-import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.args import (
+    RunArgs,
+    RunConfigError,
+    bench_config,
+    command_line,
+    parse_args,
+    vllm_options,
+)
 from benchmarks.intervals import add_intervals, ratio_table
 from benchmarks.methods import PlaySettings, build_methods
 from benchmarks.outputs import collect_results, write_outputs
@@ -64,148 +69,11 @@ from benchmarks.units import open_task, play_methods
 from optima_env import configtree
 from optima_env.errors import OptimaError
 from optima_env.io import write_json_atomic, write_text_atomic
-from optima_env.reward import RewardConfig
+
+__all__ = ["REPO_README", "RunArgs", "RunConfigError", "main", "parse_args", "run", "vllm_options"]
 
 logger = logging.getLogger("benchmarks.run")
 REPO_README = Path(__file__).resolve().parents[1] / "README.md"
-
-
-class RunConfigError(OptimaError, ValueError):
-    """Raised when a run cannot start as configured (a conflicting resume, a missing suite module)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunArgs:
-    """Options of one benchmark run (each becomes a ``--flag``)."""
-
-    suite: str = "main"
-    """Suite: main, smoke, paper, scaling, rollout, loop or demo (its defaults fill every unset flag)."""
-    task: tuple[str, ...] = ()
-    """Task id or unique name (repeatable or comma-separated; default: the suite's tasks)."""
-    methods: tuple[str, ...] = ()
-    """Methods: cot, sc, mad, autoform (repeatable or comma-separated; default: the suite's)."""
-    checkpoint: tuple[str, ...] = ()
-    """A trained model as NAME=PATH (repeatable): one row each, the multi-agent system, greedy."""
-    model: str = "embedded"
-    """Model of the baselines: embedded, a Hugging Face name or folder, scripted (no model), or
-    with --backend openai the name the server serves."""
-    backend: str | None = None
-    """Generation backend: hf, vllm, or openai (an OpenAI-compatible server, with --base-url)
-    (default: the suite's)."""
-    base_url: tuple[str, ...] = ()
-    """--backend openai: the server's base URL, e.g. http://127.0.0.1:8000/v1 (repeatable: requests
-    rotate over the servers)."""
-    api_key_env: str = "OPENAI_API_KEY"
-    """--backend openai: the environment variable holding the API key (unset: no key is sent)."""
-    tokenizer: str | None = None
-    """--backend openai: the tokenizer (Hugging Face name or folder) that counts each turn's tokens
-    (default: the regex approximation)."""
-    vllm_tensor_parallel_size: int = 1
-    """--backend vllm: GPUs the engine shards the model over (vLLM's tensor_parallel_size)."""
-    vllm_data_parallel_size: int = 1
-    """--backend vllm: engine replicas; vLLM's offline engine takes 1 (for more, serve the model with
-    `vllm serve MODEL --data-parallel-size N` and use --backend openai --base-url URL)."""
-    vllm_gpu_memory_utilization: float = 0.9
-    """--backend vllm: share of each GPU's memory vLLM may take (on CPUs: of host memory)."""
-    episodes: int | None = None
-    """Instances per task (the first N of the split; default: the suite's)."""
-    split: str = "test"
-    """Data split to evaluate on."""
-    seed: int = 0
-    """Seed of the episodes (evidence dealing, sampling)."""
-    max_turns: int | None = None
-    """Turns per conversation before truncation (paper: 10; default: the suite's)."""
-    max_new_tokens: int | None = None
-    """Token cap of one generated turn (default: the suite's)."""
-    temperature: float = 0.0
-    """Temperature of the one-sample methods (0 = greedy, as the paper evaluates)."""
-    sc_n: int | None = None
-    """Samples per instance of self-consistency (default: the suite's, 8)."""
-    sc_temperature: float = 0.7
-    """Sampling temperature of self-consistency."""
-    scaling_k: int | None = None
-    """Samples per instance in the scaling suite (paper: 50; default: the suite's)."""
-    scaling_temperature: float = 0.5
-    """Sampling temperature of the scaling suite (spec §8.3)."""
-    concurrency: int = 16
-    """Episodes generated together in one batch."""
-    data_dir: str | None = None
-    """Benchmark data folder (default: $OPTIMA_DATA_DIR)."""
-    out: str | None = None
-    """Output folder (default: results/<suite>__<model>__<seed>__<time>); reuse it to resume."""
-    viewer_limit: int = 20
-    """Instances per (task, method) shown in viewer.html."""
-    threads: int | None = None
-    """CPU threads of torch (default: torch's choice; 1 is faster on a CPU shared with other jobs)."""
-    update_readme: bool = False
-    """demo, rollout and loop suites: rewrite the README block of the suite from this run."""
-    debug: bool = False
-    """On an error, print its traceback too (default: one line on stderr, exit code 2)."""
-    set: tuple[str, ...] = ()
-    """Set a configuration field by its dotted name, typed (repeatable): reward.lambda_token=0.4,
-    reward.short_trajectory_tokens=none, ... (the reward of every episode; a task's own thresholds
-    apply first). The fields are listed below."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BenchConfig:
-    """What ``--set NAME=VALUE`` reaches in a benchmark run (the trainer's names for the same things)."""
-
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    """The reward of every episode (its breakdown is in episodes.jsonl, the report and the viewer)."""
-
-
-def vllm_options(args: RunArgs, backend: str) -> dict[str, Any]:
-    """vLLM's scale switches from the ``--vllm-*`` flags (``--backend vllm`` only; passed to
-    :meth:`optima_env.backends.vllm.VLLMPolicy.from_pretrained`)."""
-    if backend != "vllm":
-        return {}
-    return {
-        "tensor_parallel_size": args.vllm_tensor_parallel_size,
-        "data_parallel_size": args.vllm_data_parallel_size,
-        "gpu_memory_utilization": args.vllm_gpu_memory_utilization,
-    }
-
-
-def bench_config(args: RunArgs) -> BenchConfig:
-    """The ``--set`` values applied to :class:`BenchConfig` (a bad name or value fails here)."""
-    return configtree.apply(BenchConfig(), configtree.parse_sets(args.set))
-
-
-# -- command line ---------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None) -> RunArgs:
-    """Parse the command line into :class:`RunArgs`: one flag per field, documented by the field's
-    docstring, each value parsed into the field's type (:mod:`optima_env.configtree`, the trainer
-    CLI's parser); a bad value raises :class:`~optima_env.configtree.ConfigError`."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.run",
-        description=__doc__,
-        epilog="configuration fields (--set NAME=VALUE; type, default: doc):\n"
-        + "\n".join(f"  {line}" for line in configtree.describe(BenchConfig)),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    docs, hints = configtree.field_docs(RunArgs), typing.get_type_hints(RunArgs)
-    for f in dataclasses.fields(RunArgs):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{docs.get(f.name, '')} (default: {f.default})".replace("%", "%%")
-        if typing.get_origin(hints[f.name]) is tuple:
-            parser.add_argument(flag, action="append", default=None, metavar="VALUE", help=help_text)
-        elif hints[f.name] is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
-            )
-        else:
-            parser.add_argument(flag, default=f.default, help=help_text)
-    values = vars(parser.parse_args(argv))
-    for f in dataclasses.fields(RunArgs):
-        value = values[f.name]
-        if typing.get_origin(hints[f.name]) is tuple:
-            given = value or []  # comma-separated lists, except --set (its values may hold commas)
-            items = given if f.name == "set" else [v for item in given for v in item.split(",")]
-            values[f.name] = tuple(v.strip() for v in items if v.strip())
-        elif value is not f.default:
-            values[f.name] = configtree.parse_value("--" + f.name.replace("_", "-"), hints[f.name], value)
-    return RunArgs(**values)
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -218,22 +86,6 @@ def _git_commit() -> str | None:
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def _command_line(args: RunArgs) -> list[str]:
-    """The command that reproduces (and resumes) this run: every flag that differs from its default."""
-    words = ["python", "-m", "benchmarks.run"]
-    for f in dataclasses.fields(RunArgs):
-        value = getattr(args, f.name)
-        if value == f.default:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            words.append(flag if value else "--no-" + flag[2:])
-            continue
-        for item in value if isinstance(value, tuple) else (value,):
-            words += [flag, str(item)]
-    return words
 
 
 def _checkpoints(specs: tuple[str, ...]) -> dict[str, str]:
@@ -341,7 +193,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
 
             result = run_loop_suite(out, model=args.model, seed=args.seed)
         write_text_atomic(
-            out / "command.txt", " ".join(_command_line(dataclasses.replace(args, out=str(out)))) + "\n"
+            out / "command.txt", " ".join(command_line(dataclasses.replace(args, out=str(out)))) + "\n"
         )
         if args.update_readme:
             from benchmarks.readme import performance_block, replace_block
@@ -357,7 +209,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
             names=args.task,
             concurrency=args.concurrency,
             update_readme_path=REPO_README if args.update_readme else None,
-            command=" ".join(_command_line(args)),
+            command=" ".join(command_line(args)),
             git_commit=_git_commit() or "unknown",
             threads=args.threads,
         )
@@ -433,7 +285,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
         config=dataclasses.asdict(args),
         git_commit=_git_commit(),
         started=results_started(started),
-        command=_command_line(dataclasses.replace(args, out=str(out))),
+        command=command_line(dataclasses.replace(args, out=str(out))),
         units={"generated": len(store) - resumed, "resumed": resumed},
         wall_time_s=wall,
         invocations=[

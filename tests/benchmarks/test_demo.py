@@ -188,3 +188,22 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
     assert (again["train_s"], again["eval_s"]) == (demo["train_s"], demo["eval_s"])  # the work's time, kept
     replace_block(readme, "demo", readme_block(again))
     assert "| iSFT-DPO |" in readme.read_text(encoding="utf-8")
+
+
+_COMMITTED = sorted(
+    p.parent
+    for p in Path(__file__).resolve().parents[2].glob("benchmarks/results/demo/adapters/*/*/manifest.json")
+)
+
+
+@pytest.mark.skipif(not _COMMITTED, reason="no adapter committed yet (the demo suite writes them)")
+@pytest.mark.parametrize("folder", _COMMITTED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_adapters_verify_and_name_the_command_that_made_them(folder: Path) -> None:
+    from optima_env.backends.peft_adapter import verify_manifest
+
+    manifest = verify_manifest(folder)  # every file's sha256
+    assert manifest is not None and manifest["rank"] == MAIN_TASK.adapter_rank
+    provenance = manifest["provenance"]
+    assert provenance["command"].startswith("python -m benchmarks.run --suite demo")
+    assert provenance["trainer"] == folder.name and provenance["git_commit"]
+    assert manifest["bytes"] < 8_000_000  # small enough to commit

@@ -10,7 +10,7 @@ from optima_env.io import read_episodes
 @pytest.mark.slow
 def test_smoke_suite_plays_the_embedded_model_and_counts_with_its_tokenizer(bench, embedded) -> None:
     _, tokenizer = embedded
-    results, out = bench("--episodes", "1", "--max-new-tokens", "8", "--max-turns", "2")
+    results, out = bench("--suite", "smoke", "--episodes", "1", "--max-new-tokens", "8", "--max-turns", "2")
     episodes = read_episodes(out / "episodes.jsonl")
     assert sorted(e.metadata["method"] for e in episodes) == ["cot", "mad"]
     for episode in episodes:
