@@ -362,7 +362,8 @@ def run_demo(
             print(f"[demo {done}/{units}] {spec.name}: training {trainer_label(trainer)}", flush=True)
             run = _train(spec, root, trainer, runs[0] if runs else None, progress=progress)
             runs.append(run)
-            exports[trainer] = _export(spec, out, run, command=command, git_commit=git_commit)
+            manifest = _export(spec, out, run, command=command, git_commit=git_commit)
+            exports[trainer] = {**manifest, "folder": str(adapter_dir(out, spec.name, trainer))}
         done += 1
         print(f"[demo {done}/{units}] {spec.name}: evaluating", flush=True)
         main, curves = _evaluate(

@@ -88,9 +88,8 @@ def summarize(
         curves={trainer_label(r.trainer): _curve(r, by_label, labels or {}) for r in runs},
         adapters={
             trainer_label(t): {
-                k: m.get(k) for k in ("bytes", "rank", "dtype", "delta_relative_error", "path")
+                k: m.get(k) for k in ("bytes", "rank", "dtype", "delta_relative_error", "folder")
             }
-            | {"folder": str(m.get("folder", ""))}
             for t, m in exports.items()
         },
         train_s=round(sum(r.compute_s() for r in runs), 1),

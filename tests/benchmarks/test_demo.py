@@ -167,6 +167,8 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
         manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
         assert manifest["provenance"]["trainer"] == trainer or manifest.get("trainer") == trainer
         assert (folder / "adapter_model.safetensors").is_file() and (folder / "adapter_config.json").is_file()
+    assert summary["adapters"]["iSFT"]["folder"].endswith("adapters/synth/isft")
+    assert summary["adapters"]["iSFT"]["rank"] == spec.adapter_rank
     shared = json.loads((out / "synth" / "train" / "idpo" / "shared_init.json").read_text(encoding="utf-8"))
     assert shared["stage"] == "iter_00"
     curves = summary["curves"]
