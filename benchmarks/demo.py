@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.clock import InvocationClock, total_seconds
 from benchmarks.demo_report import render_report, summarize, write_plots
 from benchmarks.demo_tasks import DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
 from benchmarks.methods import PlaySettings, build_methods
@@ -338,8 +339,22 @@ def run_demo(
         raise TaskContractError(
             f"no demo task named {', '.join(names)}; expected one of {', '.join(s.name for s in tasks)}"
         )
-    started = time.time()
     out.mkdir(parents=True, exist_ok=True)
+    with InvocationClock(out / "invocations.json"):
+        return _run(out, specs, concurrency, update_readme_path, command, git_commit, threads, progress)
+
+
+def _run(
+    out: Path,
+    specs: Sequence[DemoTask],
+    concurrency: int,
+    update_readme_path: Path | None,
+    command: str,
+    git_commit: str,
+    threads: int | None,
+    progress: bool,
+) -> dict[str, Any]:
+    started = time.time()
     provenance = {"git_commit": git_commit, "command": command.split()}
     summaries = []
     units = sum(len(s.trainers) + 1 for s in specs)
@@ -402,6 +417,8 @@ def _pages(
         "wall_time_s": round(time.time() - started, 1),
         "train_s": round(sum(s.get("train_s", 0.0) for s in summaries), 1),
         "eval_s": round(sum(s.get("eval_s", 0.0) for s in summaries), 1),
+        "invocations_s": total_seconds(out / "invocations.json")[0],
+        "invocations": total_seconds(out / "invocations.json")[1],
         "git_commit": git_commit,
         "threads": threads if threads is not None else os.environ.get("OMP_NUM_THREADS", "torch default"),
         "folder": str(out),

@@ -190,7 +190,9 @@ def render_report(demo: Mapping[str, Any]) -> str:
         f"Command: `{demo['command']}`  ",
         f"Compute: training {demo['train_s'] / 60:.1f} min and evaluation {demo['eval_s'] / 60:.1f} min, "
         "summed over every invocation that did the work (a resumed run reuses what is done; the "
-        "shared initialization is counted once); this invocation started "
+        "shared initialization is counted once; a phase cut short by a kill is not); the demo "
+        f"process ran {demo.get('invocations_s', 0.0) / 60:.1f} min of wall time over "
+        f"{demo.get('invocations', 0)} invocations (invocations.json); this invocation started "
         f"{demo['started']} and took {demo['wall_time_s'] / 60:.1f} min; git commit {demo['git_commit']}; "
         f"torch threads {demo['threads']}.",
         "",

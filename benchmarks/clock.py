@@ -1,0 +1,78 @@
+"""The wall time of every invocation of a long run, kept across crashes (``invocations.json``).
+
+A resumed run's phase timings count only the phases that finished; the time of a phase cut short
+by a kill (a session ending mid-stage) would be lost. :class:`InvocationClock` records, in the
+run's folder, each invocation's start and how long it has been running, rewritten atomically every
+``interval_s`` by a daemon thread and once more on exit, so a SIGKILLed invocation loses at most
+``interval_s`` of its time, and the sum over invocations is the wall time the whole run took.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from optima_env.io import write_json_atomic
+
+__all__ = ["InvocationClock", "total_seconds"]
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [i for i in data.get("invocations", []) if isinstance(i, dict)] if isinstance(data, dict) else []
+
+
+def total_seconds(path: Path) -> tuple[float, int]:
+    """The seconds summed over the invocations recorded in ``path``, and how many there were."""
+    invocations = _read(path)
+    return round(sum(float(i.get("seconds", 0.0)) for i in invocations), 1), len(invocations)
+
+
+class InvocationClock:
+    """Context manager: record this invocation's wall time in ``path`` while it runs."""
+
+    path: Path
+    """The ``invocations.json`` file."""
+    interval_s: float
+    """Seconds between two writes (the most a kill can lose)."""
+
+    def __init__(self, path: Path, *, interval_s: float = 30.0) -> None:
+        self.path, self.interval_s = path, interval_s
+        self._start = 0.0
+        self._entry: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def _write(self) -> None:
+        with self._lock:
+            self._entry["seconds"] = round(time.perf_counter() - self._start, 1)
+            others = [i for i in _read(self.path) if i.get("id") != self._entry["id"]]
+            write_json_atomic(self.path, {"invocations": [*others, dict(self._entry)]})
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._write()
+
+    def __enter__(self) -> InvocationClock:
+        self._start = time.perf_counter()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self._entry = {"id": uuid.uuid4().hex, "started": stamp, "seconds": 0.0}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._write()
+        self._thread = threading.Thread(target=self._beat, name="invocation-clock", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._write()
