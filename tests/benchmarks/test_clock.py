@@ -21,7 +21,7 @@ def test_a_finished_invocation_is_recorded_and_invocations_add_up(tmp_path: Path
         with InvocationClock(path, interval_s=0.05):
             time.sleep(0.3)
     seconds, count = total_seconds(path)
-    assert count == 2 and 0.6 <= seconds < 5.0
+    assert count == 2 and seconds >= 0.6  # what was slept, summed over the two invocations
     entries = json.loads(path.read_text(encoding="utf-8"))["invocations"]
     assert len({e["id"] for e in entries}) == 2 and all(e["seconds"] >= 0.3 for e in entries)
 

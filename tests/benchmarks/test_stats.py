@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import doctest
 import math
-import time
 
 import numpy as np
 import pytest
@@ -84,13 +83,6 @@ def test_the_same_seed_gives_the_same_interval() -> None:
     y = x + np.random.default_rng(4).exponential(size=300)
     assert bootstrap_ratio(x, y, seed=1) == bootstrap_ratio(x, y, seed=1)
     assert bootstrap_ratio(x, y, seed=1, paired=False) == bootstrap_ratio(x, y, seed=1, paired=False)
-
-
-def test_a_thousand_instances_and_two_thousand_resamples_are_fast() -> None:
-    x = np.random.default_rng(5).uniform(size=1000)
-    started = time.perf_counter()
-    bootstrap_ratio(x, x + 1.0)
-    assert time.perf_counter() - started < 2.0  # about 50 ms; generous on a shared machine
 
 
 @pytest.mark.parametrize(
