@@ -6,7 +6,7 @@ suite      what it runs
 main       the default (the README's main command): the demo's synthetic task, untrained CoT and MAD
            against the three trained systems whose adapters the demo committed
            (``benchmarks/results/demo/adapters/synth``), the demo's caps, 30 held-out instances;
-           about 10 minutes on 2 CPU cores
+           sized for about 10 minutes on 2 CPU cores
 smoke      the embedded task with the embedded model, CoT and MAD on 4 test instances, short
            turns; a few minutes on 2 CPU cores
 paper      spec §8.1: the eight paper tasks, the first 1000 test items of the information-exchange
@@ -74,7 +74,8 @@ class Suite:
     """Cut a turn where it starts writing an agent's ``"Name:"`` tag (as the demo evaluates)."""
     adapters: tuple[tuple[str, str], ...] = ()
     """Trained systems played as extra rows when no ``--checkpoint`` is given: ``(label, folder)``
-    pairs, relative to the repository; a missing folder is skipped with a notice."""
+    pairs (absolute folders, under :data:`DEMO_ADAPTERS`); a missing folder is skipped with a
+    notice."""
 
     def num_instances(self, *, family: str, available: int, override: int | None = None) -> int:
         """How many instances of a task to evaluate (``override`` is ``--episodes``)."""
