@@ -133,9 +133,10 @@ def _share_init(source: Path, source_stage: str, run_dir: Any, stage: str) -> No
     if record["model"].startswith(f"{source_stage}/"):
         record["model"] = stage + record["model"][len(source_stage) :]
     write_json_atomic(tmp / "result.json", record)
+    # the marker first: a crash before the rename leaves no finished stage, so it is copied again
+    write_json_atomic(run_dir.root / _SHARED, {"stage": stage, "from": str(source / source_stage)})
     shutil.rmtree(target, ignore_errors=True)  # an unfinished stage of its own, never a finished one
     tmp.rename(target)
-    write_json_atomic(run_dir.root / _SHARED, {"stage": stage, "from": str(source / source_stage)})
 
 
 def _train(
