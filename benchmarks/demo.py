@@ -24,7 +24,6 @@ setting where no agent can answer alone, then HotpotQA when its data is present)
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -43,8 +42,9 @@ from benchmarks.store import EpisodeStore
 from benchmarks.suites import get_suite
 from benchmarks.units import TaskEntry, open_task, play_methods
 from optima_env import make_task
+from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS
 from optima_env.errors import DataError, MissingDependencyError, TaskContractError
-from optima_env.io import write_json_atomic, write_text_atomic
+from optima_env.io import read_json_object, write_json_atomic, write_text_atomic
 
 __all__ = ["TrainedRun", "adapter_dir", "adapter_label", "row_labels", "run_demo"]
 
@@ -125,11 +125,13 @@ def _same_init(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 def _share_init(source: Path, source_stage: str, run_dir: Any, stage: str) -> None:
     """Copy the finished initialization ``source/source_stage`` into ``run_dir`` as ``stage``
     (hard links; written under a temporary name and renamed, so a crash leaves no half stage)."""
+    from optima_trainers.runs import read_stage_result
+
     target = run_dir.root / stage
     tmp = run_dir.root / f".{stage}.sharing"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(source / source_stage, tmp, copy_function=os.link)
-    record = json.loads((tmp / "result.json").read_text(encoding="utf-8"))
+    record = read_stage_result(tmp / "result.json")
     if record["model"].startswith(f"{source_stage}/"):
         record["model"] = stage + record["model"][len(source_stage) :]
     write_json_atomic(tmp / "result.json", record)
@@ -144,7 +146,7 @@ def _train(
 ) -> TrainedRun:
     """Train (or resume) one run; its initialization is copied from ``first`` when they agree."""
     from optima_trainers.loop import IterativeTrainer, plan_stages
-    from optima_trainers.runs import RunDir
+    from optima_trainers.runs import read_stage_result
 
     folder = root / "train" / trainer
     run_dir, config = _open_run(spec, trainer, folder)
@@ -159,12 +161,12 @@ def _train(
     ):
         source = root / "train" / first.trainer
         _share_init(source, first.stages[0][0], run_dir, init.name)
-    shared = json.loads(marker.read_text(encoding="utf-8"))["stage"] if marker.is_file() else None
+    shared = read_json_object(marker)["stage"] if marker.is_file() else None
     metrics = IterativeTrainer(config, run_dir=run_dir, progress=progress).run()
     done = []
     for stage in stages:
-        record = json.loads((folder / stage.name / "result.json").read_text(encoding="utf-8"))
-        done.append((stage.name, str(RunDir(folder).model_path(record["model"]))))
+        record = read_stage_result(folder / stage.name / "result.json")
+        done.append((stage.name, str(run_dir.model_path(record["model"]))))
     return TrainedRun(
         trainer=trainer,
         stages=tuple(done),
@@ -210,7 +212,7 @@ def row_labels(runs: Sequence[TrainedRun]) -> dict[tuple[str, str], str]:
 def adapter_label(trainer: str, manifest: Mapping[str, Any]) -> str:
     """The row of a run's exported adapter: its trainer, rank and weights' digest (so a re-export
     with other weights is a new row, never the old row's episodes)."""
-    digest = str(manifest.get("files", {}).get("adapter_model.safetensors", ""))[:8]
+    digest = str(manifest.get("files", {}).get(ADAPTER_WEIGHTS, ""))[:8]
     return f"{trainer_label(trainer)} adapter (r{manifest.get('rank')}, {digest})"
 
 
@@ -232,7 +234,7 @@ def _checkpoint_rows(
 def _eval_store(folder: Path) -> tuple[EpisodeStore, Path, float]:
     folder.mkdir(parents=True, exist_ok=True)
     timing = folder / "timing.json"  # generation seconds, summed over invocations
-    spent = float(json.loads(timing.read_text(encoding="utf-8"))["generate_s"]) if timing.is_file() else 0.0
+    spent = float(read_json_object(timing)["generate_s"]) if timing.is_file() else 0.0
     return EpisodeStore(folder / "episodes.jsonl"), timing, spent
 
 
@@ -412,14 +414,15 @@ def _pages(
     threads: int | None,
 ) -> dict[str, Any]:
     """Write ``demo.json`` and ``report.md`` for the tasks done so far (after each task)."""
+    invocations_s, invocations = total_seconds(out / "invocations.json")
     demo = {
         "command": command,
         "started": time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started)),
         "wall_time_s": round(time.time() - started, 1),
         "train_s": round(sum(s.get("train_s", 0.0) for s in summaries), 1),
         "eval_s": round(sum(s.get("eval_s", 0.0) for s in summaries), 1),
-        "invocations_s": total_seconds(out / "invocations.json")[0],
-        "invocations": total_seconds(out / "invocations.json")[1],
+        "invocations_s": invocations_s,
+        "invocations": invocations,
         "git_commit": git_commit,
         "threads": threads if threads is not None else os.environ.get("OMP_NUM_THREADS", "torch default"),
         "folder": str(out),

@@ -120,23 +120,30 @@ _COMMON_DEPARTURES = (
     "against the paper's full training sets; the per-iteration curves show where they stop.",
 )
 
+_COMMON_TRAIN: dict[str, Any] = {
+    "generation.init_temperature": 0.5,
+    "generation.temperature": 0.5,
+    "reward_preset": "paper",
+    "selection.theta": -100.0,
+    "selection.min_task_score": 1e-9,
+    "sft.learning_rate": 2e-4,
+    "sft.epochs": 2,
+}
+"""Training overrides every demo task shares: sampling at T=0.5 in every iteration, the Eq. 1
+reward with selection among conversations with some credit and theta_sft off (see the
+departures), and LoRA's learning rate and epochs."""
+
 DEMO_TASKS: tuple[DemoTask, ...] = (
     DemoTask(
         name="synth",
         task="ie/synth-v0",
         task_kwargs={"hops": 2, "num_distractors": 1, "style": "small"},
         train={
+            **_COMMON_TRAIN,
             "generation.instances": 32,
             "generation.num_samples": 4,
             "generation.max_turns": 6,
             "generation.max_new_tokens": 64,
-            "generation.init_temperature": 0.5,
-            "generation.temperature": 0.5,
-            "reward_preset": "paper",
-            "selection.theta": -100.0,
-            "selection.min_task_score": 1e-9,
-            "sft.learning_rate": 2e-4,
-            "sft.epochs": 2,
             "tree.instances": 16,
             "tree.selections": 6,
             "tree.rollouts": 3,
@@ -164,18 +171,12 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
         task="ie/hotpotqa-v0",
         task_kwargs={"style": "small"},
         train={
+            **_COMMON_TRAIN,
             "generation.instances": 24,
             "generation.num_samples": 3,
             "generation.max_turns": 4,
             "generation.max_new_tokens": 64,
-            "generation.init_temperature": 0.5,
-            "generation.temperature": 0.5,
             "generation.diverse_init": False,
-            "reward_preset": "paper",
-            "selection.theta": -100.0,
-            "selection.min_task_score": 1e-9,
-            "sft.learning_rate": 2e-4,
-            "sft.epochs": 2,
             "tree.instances": 8,
             "tree.selections": 4,
             "tree.rollouts": 3,

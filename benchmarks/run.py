@@ -67,6 +67,7 @@ from benchmarks.store import EpisodeStore
 from benchmarks.suites import get_suite
 from benchmarks.units import open_task, play_methods
 from optima_env import configtree
+from optima_env.backends.peft_adapter import is_adapter
 from optima_env.errors import OptimaError
 from optima_env.io import write_json_atomic, write_text_atomic
 
@@ -104,7 +105,7 @@ def _suite_adapters(suite: Any) -> dict[str, str]:
     """The suite's trained systems whose adapter folders exist (a missing one is a notice)."""
     found = {}
     for label, folder in suite.adapters:
-        if Path(folder, "adapter_config.json").is_file():
+        if is_adapter(folder):
             found[label] = folder
         else:
             logger.warning(

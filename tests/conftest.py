@@ -34,6 +34,17 @@ def tiny_pm():
         manager.unregister(plugin)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread for a module's tests (small models: threads only add overhead)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The benchmark data folder from $OPTIMA_DATA_DIR (tests needing it skip without it)."""

@@ -1,5 +1,6 @@
-"""Test helpers importable as ``tests.helpers``: a tiny inline task and its plugin, and dataset
-fixtures in the exact upstream schemas (written into a temporary data folder by the tests)."""
+"""Test helpers importable as ``tests.helpers``: a tiny inline task and its plugin, a scripted
+policy whose backend fails, and dataset fixtures in the exact upstream schemas (written into a
+temporary data folder by the tests)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from optima_env import AgentView, Task, TaskSample, TaskSpec, hookimpl
+from optima_env import AgentView, BackendError, Task, TaskSample, TaskSpec, hookimpl
+from optima_env.policy import ScriptedPolicy
 from optima_env.scoring import extract_tagged, f1
 
 
@@ -55,6 +57,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 # -- dataset fixtures in the upstream schemas ------------------------------------------------------
+class FailingAfter(ScriptedPolicy):
+    """A scripted policy whose backend fails (as after its retries) from the ``fail_at``-th call on."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__(lambda r: "<A>Paris</A>")
+        self.fail_at = fail_at
+
+    def generate(self, requests, sampling):
+        if len(self.calls) + 1 >= self.fail_at:
+            self.calls.append(len(requests))
+            raise BackendError("server down after 5 attempts")
+        return super().generate(requests, sampling)
+
+
 def write_jsonl(path: Path, rows: list[Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")

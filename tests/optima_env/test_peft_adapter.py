@@ -31,11 +31,8 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def one_thread(one_torch_thread):
+    """Every test of this module runs torch on one thread."""
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from optima_env.policy import (
     speaker_stops,
 )
 from optima_env.rollout import RolloutError, make_jobs, rollout, run_episode
+from tests.helpers import FailingAfter
 
 
 def seeded_reply(request: GenerationRequest) -> str:
@@ -63,20 +64,6 @@ def test_sampling_params_validate() -> None:
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0)
-
-
-class FailingAfter(ScriptedPolicy):
-    """A scripted policy whose backend fails (as after its retries) from the ``fail_at``-th call on."""
-
-    def __init__(self, fail_at: int) -> None:
-        super().__init__(lambda r: "<A>Paris</A>")
-        self.fail_at = fail_at
-
-    def generate(self, requests, sampling):
-        if len(self.calls) + 1 >= self.fail_at:
-            self.calls.append(len(requests))
-            raise BackendError("server down after 5 attempts")
-        return super().generate(requests, sampling)
 
 
 def test_a_backend_failure_keeps_the_finished_episodes_and_says_what_is_left() -> None:

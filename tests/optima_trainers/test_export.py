@@ -29,11 +29,8 @@ SHAPES = {MODULES[0]: (64, 64), MODULES[1]: (64, 128)}  # (out, in)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def one_thread(one_torch_thread):
+    """Every test of this module runs torch on one thread."""
 
 
 @pytest.fixture(scope="module")

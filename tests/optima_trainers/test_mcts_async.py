@@ -9,13 +9,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from optima_env import BackendError, make_task
+from optima_env import make_task
 from optima_env.errors import TaskContractError
 from optima_env.policy import GenerationRequest, SamplingParams, ScriptedPolicy, request_seed
 from optima_env.rollout import RolloutError, RolloutJob, job_seed, make_jobs, rollout
 from optima_env.types import Episode
 from optima_trainers.mcts import MCTSConfig, Tree, build_trees
-from tests.helpers import TinyTask
+from tests.helpers import FailingAfter, TinyTask
 
 LONG_TURN = "Alice: " + "word " * 40  # over the turn cap below: the episode ends after this turn
 
@@ -177,18 +177,6 @@ def test_without_refill_or_with_an_empty_one_the_rollout_is_unchanged() -> None:
         rollout(task, ScriptedPolicy(keyed_reply), jobs=jobs, refill=lambda ended: [None])
 
 
-class FailingAt(ScriptedPolicy):
-    def __init__(self, fail_at: int) -> None:
-        super().__init__(lambda r: "<A>Paris</A>")
-        self.fail_at = fail_at
-
-    def generate(self, requests, sampling):
-        if len(self.calls) + 1 >= self.fail_at:
-            self.calls.append(len(requests))
-            raise BackendError("server down")
-        return super().generate(requests, sampling)
-
-
 def test_a_failure_after_a_refill_lists_the_refilled_jobs_to_resume() -> None:
     task = make_task("ie/synth-v0")
     jobs = make_jobs(range(2), num_samples=1, seed=3)
@@ -200,7 +188,7 @@ def test_a_failure_after_a_refill_lists_the_refilled_jobs_to_resume() -> None:
     # "<A>Paris</A>" twice ends an episode after 2 turns: jobs 0-1 end at call 2, their follow-ups
     # start at call 3, and call 3 fails
     with pytest.raises(RolloutError, match="2 of 4 episodes had finished") as info:
-        rollout(task, FailingAt(3), jobs=jobs, refill=refill)
+        rollout(task, FailingAfter(3), jobs=jobs, refill=refill)
     err = info.value
     assert err.jobs == jobs + follow and err.pending == [2, 3] and sorted(err.finished) == [0, 1]
     paris = ScriptedPolicy(lambda r: "<A>Paris</A>")
