@@ -9,24 +9,34 @@ run's folder, each invocation's start and how long it has been running, rewritte
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from optima_env.io import write_json_atomic
+from optima_env.errors import DataError
+from optima_env.io import read_json_object, write_json_atomic
 
 __all__ = ["InvocationClock", "total_seconds"]
 
 
+_FIX = "repair it, or delete it to restart the count (the run's total then misses the earlier invocations)"
+
+
 def _read(path: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """The recorded invocations; none for a missing file, :class:`DataError` for a corrupt one."""
+    if not path.exists():
         return []
-    return [i for i in data.get("invocations", []) if isinstance(i, dict)] if isinstance(data, dict) else []
+    invocations = read_json_object(path, fix=_FIX).get("invocations")
+    if not isinstance(invocations, list) or not all(
+        isinstance(i, dict) and isinstance(i.get("seconds"), (int, float)) for i in invocations
+    ):
+        raise DataError(
+            f"{path}: expected {{\"invocations\": [{{\"id\": ..., \"seconds\": N}}, ...]}}, "
+            f"got {str(invocations)[:80]!r} under \"invocations\"; {_FIX}"
+        )
+    return invocations
 
 
 def total_seconds(path: Path) -> tuple[float, int]:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from optima_env import AgentView, BackendError, Task, TaskSample, TaskSpec, hookimpl
 from optima_env.policy import ScriptedPolicy
@@ -54,6 +55,32 @@ class TinyTaskPlugin:
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+T = TypeVar("T")
+
+
+def returns(call: Callable[[], T], *, hang_s: float = 120.0) -> T:
+    """``call()``'s value, failing the test if it has not returned after ``hang_s``.
+
+    A hang guard, not a timing: the bound is far above any machine's time for a linear or
+    time-limited call, so it fails only for a call that never returns (or is quadratic at the
+    tests' sizes), however loaded the machine is.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # re-raised in the test's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(hang_s)
+    assert not worker.is_alive(), f"the call did not return within {hang_s:.0f} s (it hangs)"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 # -- dataset fixtures in the upstream schemas ------------------------------------------------------

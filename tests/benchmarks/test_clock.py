@@ -10,7 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks.clock import InvocationClock, total_seconds
+from optima_env.errors import DataError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,7 +47,23 @@ def test_a_killed_invocation_keeps_all_but_the_last_interval(tmp_path: Path) -> 
     assert count == 1 and seconds >= 1.0  # written while running, not only on a clean exit
 
 
-def test_a_missing_or_torn_file_counts_nothing(tmp_path: Path) -> None:
+def test_a_missing_file_counts_nothing(tmp_path: Path) -> None:
     assert total_seconds(tmp_path / "none.json") == (0.0, 0)
-    (tmp_path / "torn.json").write_text('{"invocations": [{"seconds": 3', encoding="utf-8")
-    assert total_seconds(tmp_path / "torn.json") == (0.0, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('{"invocations": [{"seconds": 3', "truncated"),
+        ('{"invocations": {"seconds": 3}}', 'under "invocations"'),
+        ('{"invocations": [{"seconds": "3"}]}', 'under "invocations"'),
+    ],
+)
+def test_a_corrupt_file_is_an_error_not_zero_seconds(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "invocations.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(DataError, match="delete it to restart the count") as err:
+        total_seconds(path)
+    assert str(path) in str(err.value) and says in str(err.value)
+    with pytest.raises(DataError), InvocationClock(path):  # a run does not start over it either
+        pass

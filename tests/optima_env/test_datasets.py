@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -459,15 +459,21 @@ def test_read_jsonl_and_require_field(tmp_path: Path) -> None:
 
 # -- 4. neither local data nor hub -----------------------------------------------------------------
 @pytest.mark.usefixtures("offline_hub", "no_env_data_dir")
-def test_no_local_and_no_hub_names_both_options(tmp_path: Path) -> None:
-    start = time.monotonic()
+def test_no_local_and_no_hub_names_both_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dialed: list[object] = []
+
+    def connect(sock: socket.socket, address: object) -> None:
+        dialed.append(address)
+        raise OSError("the test forbids network access")
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
     for data_dir in (None, tmp_path):
         with pytest.raises(DataError) as info:
             load_samples("cbt", "test", data_dir=data_dir)
         message = str(info.value)
         assert "set --data-dir / OPTIMA_DATA_DIR to a folder with cbt/test.jsonl" in message
         assert "install `optima[train]` and allow network access to load cam-cst/cbt:CN" in message
-    assert time.monotonic() - start < 20  # offline: no retries against the network
+    assert dialed == []  # offline: the hub is not even tried, so nothing retries against it
     with pytest.raises(DataError, match=r"hub: not tried \(source='local'\).*optima\[train\]"):
         load_samples("gsm8k", "test", data_dir=tmp_path, source="local")
     with pytest.raises(DataError, match=r"no Hugging Face hub copy.*hf_name"):

@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +28,7 @@ from optima_env.scoring import (
     normalize_answer,
     normalize_math_answer,
 )
+from tests.helpers import returns
 
 N = 100_000
 FAST = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -96,10 +96,8 @@ def test_extract_tagged_matches_reference_regex(parts):
 
 
 def test_extract_tagged_linear_on_unclosed_openers():
-    start = time.perf_counter()
-    assert extract_tagged("<A>" * (N // 3)) is None
-    assert extract_tagged("<A>x\n" * (N // 5)) is None
-    assert time.perf_counter() - start < 1.0
+    assert returns(lambda: extract_tagged("<A>" * (N // 3))) is None
+    assert returns(lambda: extract_tagged("<A>x\n" * (N // 5))) is None
 
 
 @pytest.mark.parametrize("bad", [None, 3, b"<A>x</A>"])
@@ -155,10 +153,8 @@ def test_extract_boxed_matches_brace_counting_reference(parts):
 
 
 def test_extract_boxed_linear_on_pathological_input():
-    start = time.perf_counter()
-    assert extract_boxed("\\boxed{" * (N // 7)) is None
-    assert extract_boxed("\\boxed{1}" + "\\boxed{{" * (N // 8)) == "1"
-    assert time.perf_counter() - start < 1.0
+    assert returns(lambda: extract_boxed("\\boxed{" * (N // 7))) is None
+    assert returns(lambda: extract_boxed("\\boxed{1}" + "\\boxed{{" * (N // 8))) == "1"
 
 
 # --------------------------------------------------------------------------- normalize_math_answer
@@ -201,10 +197,8 @@ def test_normalize_math_answer_cases(raw, expected):
 
 
 def test_normalize_math_answer_is_linear():
-    start = time.perf_counter()
     for chunk in ("\\text{", "\\frac{", "$a", "\\boxed{", "ft", "a "):
-        normalize_math_answer(chunk * (N // len(chunk)))
-    assert time.perf_counter() - start < 2.0
+        assert isinstance(returns(lambda c=chunk: normalize_math_answer(c * (N // len(c)))), str)
 
 
 # --------------------------------------------------------------------------- QA metrics
@@ -336,7 +330,9 @@ def test_scoring_error_is_a_value_error():
     ],
 )
 def test_math_equal_equivalent(prediction, gold):
-    assert math_equal(prediction, gold) is True
+    # a generous budget: this is about equivalence, and a loaded machine's first symbolic check
+    # (sympy warming up in a freshly restarted worker) can pass the 5 s default
+    assert math_equal(prediction, gold, timeout=60.0) is True
 
 
 @pytest.mark.parametrize(
@@ -353,9 +349,7 @@ def test_math_equal_none_prediction():
 
 @pytest.mark.parametrize("bad", ["9^{9^{9^{9}}}", "10^{10^{10^{10}}}", "10**10**10**10"])
 def test_math_equal_returns_within_timeout_on_pathological_input(bad):
-    start = time.perf_counter()
-    assert math_equal(bad, "1", timeout=1.5) is False
-    assert time.perf_counter() - start < 1.5 + 1.0
+    assert returns(lambda: math_equal(bad, "1", timeout=1.5)) is False
     assert math_equal(r"\frac{2}{4}", "0.5") is True  # the worker recovers
 
 
@@ -365,18 +359,14 @@ def test_math_equal_kills_a_worker_that_ignores_its_soft_budget(monkeypatch):
     assert math_equal("1", "1.0") is True  # the worker is up
     before = mathequiv._WORKER._proc
     monkeypatch.setattr(mathequiv, "_SOFT_BUDGET_SHARE", 100.0)  # no alarm inside the budget
-    start = time.perf_counter()
-    assert math_equal("10^{10^{10^{10}}}", "1", timeout=1.0) is False
-    assert time.perf_counter() - start < 1.0 + 1.0
+    assert returns(lambda: math_equal("10^{10^{10^{10}}}", "1", timeout=1.0)) is False
     assert before is not None and before.poll() is not None  # killed
     assert math_equal(r"\frac{3}{6}", "0.5") is True  # a fresh worker answers
 
 
 def test_math_equal_on_huge_input():
-    start = time.perf_counter()
-    assert math_equal("\\frac{" * (N // 6), "1", timeout=2) is False
-    assert math_equal("(" * N, "1", timeout=2) is False
-    assert time.perf_counter() - start < 5.0
+    assert returns(lambda: math_equal("\\frac{" * (N // 6), "1", timeout=2)) is False
+    assert returns(lambda: math_equal("(" * N, "1", timeout=2)) is False
 
 
 def test_math_equal_is_thread_safe():
