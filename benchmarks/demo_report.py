@@ -36,7 +36,7 @@ def _curve(
                 "tokens": held["tokens"] if held else None,
                 "score_ci": held["score_ci"] if held else None,
                 "selected": metrics.get("select/selected"),
-                "pairs": metrics.get("pairs/kept"),
+                "pairs": metrics.get("mcts/pairs"),
                 "sampled_score": metrics.get("rollout/task_score"),
                 "sampled_tokens": metrics.get("rollout/tokens"),
                 "loss": metrics.get("train/loss"),

@@ -174,6 +174,8 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
     curves = summary["curves"]
     assert [p["shared"] for p in curves["iDPO"]] == [True, False]
     assert curves["iDPO"][0]["score"] == curves["iSFT"][0]["score"]  # M_0 is iSFT's iter 00 row
+    # each stage's training data: selected conversations for SFT, preference pairs for DPO
+    assert curves["iSFT"][1]["selected"] is not None and curves["iDPO"][1]["pairs"] is not None
     assert summary["scaling"] and all(len(c) == 2 for c in summary["scaling"].values())
     assert (out / "report.md").read_text(encoding="utf-8").startswith("# Optima demo")
     assert summary["plots"] == ["demo_synth.png", "demo_synth_scaling.png"]
