@@ -30,8 +30,9 @@ Where this differs from the reference code (documented deviations):
 
 * the current answer after a replayed prefix follows the env's rule (the last answer-bearing turn
   on the path), where the reference parsed only the selected node's own turn;
-* a node whose path of texts already ended (possible only through a merged sibling variant) is not
-  a selection candidate (replaying it would end the conversation at once);
+* a node whose path of texts already ended, or that hangs below such a node (both possible only
+  through a merged sibling variant), is not a selection candidate (replaying it would end the
+  conversation at once, or before the node);
 * none by default in the pairs: the reference's incremental min/max-child tracking
   (``minmax="code"``) can go stale as running means drift; ``minmax="exact"`` recomputes them.
 

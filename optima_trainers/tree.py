@@ -272,7 +272,9 @@ class Tree:
         node = Node(
             id=len(self.nodes), text=turn.text, depth=parent.depth + 1, parent=parent, answer=turn.answer
         )
-        node.ended = too_long or node.depth >= self.max_depth or self._agrees(node)
+        # a merged variant can continue a path that the node texts end (its own answer differed):
+        # whatever follows an ended node ends too, or replaying its path would stop short of it
+        node.ended = parent.ended or too_long or node.depth >= self.max_depth or self._agrees(node)
         parent.children.append(node)
         self.nodes.append(node)
         return node

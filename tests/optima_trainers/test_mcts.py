@@ -229,6 +229,27 @@ def test_merge_uses_edit_distance_over_the_new_texts_length() -> None:
         tree.insert(episode(["other", "B", "<A>x</A>"]), tree.root.children[0], 0.0, merge_threshold=0.1)
 
 
+def test_turns_after_an_ended_node_end_too_and_are_never_candidates() -> None:
+    """A variant merged into an agreeing turn, but itself not agreeing, continues the conversation:
+    its later turns hang under a node whose path of texts ends, so they cannot be replayed."""
+    tree = Tree(task_id="t", sample_id="s", index=0, split="train", seed=0, agents=("Alice", "Bob"),
+                system_prompts={"Alice": "a", "Bob": "b"})  # fmt: skip
+    tree.insert(episode(["I say <A>h</A>", "yes <A>h</A>"]), tree.root, 1.0, merge_threshold=0.1)
+    agreed = node(tree, "Alice: I say <A>h</A>", "Bob: yes <A>h</A>")
+    assert agreed.ended
+    # "yes <A>k</A>" is 1 edit from "yes <A>h</A>": merged into the agreeing node, but h != k
+    variant = episode(["I say <A>h</A>", "yes <A>k</A>", "no, <A>m</A>", "hmm", "well"])
+    assert variant.end_reason == "max_turns" and len(variant.turns) == 5
+    tree.insert(variant, tree.root, 0.0, merge_threshold=0.1)
+    (after,) = agreed.children
+    assert after.text == "Alice: no, <A>m</A>" and after.children[0].children  # deep enough to select
+    assert after.ended and after.children[0].ended
+    assert after not in tree.candidates() and agreed not in tree.candidates()
+    for n in tree.candidates():  # every candidate's path replays without ending early
+        env = ConversationEnv(TinyTask(), max_turns=10)
+        env.reset(seed=0, options={"index": 0, "prefix": tree.prefix(n)})  # as the search replays it
+
+
 class FixedRandom(random.Random):
     def __init__(self, value: float) -> None:
         super().__init__(0)
