@@ -33,8 +33,8 @@ def _read(path: Path) -> list[dict[str, Any]]:
         isinstance(i, dict) and isinstance(i.get("seconds"), (int, float)) for i in invocations
     ):
         raise DataError(
-            f"{path}: expected {{\"invocations\": [{{\"id\": ..., \"seconds\": N}}, ...]}}, "
-            f"got {str(invocations)[:80]!r} under \"invocations\"; {_FIX}"
+            f'{path}: expected {{"invocations": [{{"id": ..., "seconds": N}}, ...]}}, '
+            f'got {str(invocations)[:80]!r} under "invocations"; {_FIX}'
         )
     return invocations
 
