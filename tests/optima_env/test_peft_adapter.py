@@ -30,9 +30,7 @@ from tests.optima_trainers.tiny_model import add_low_rank_delta, make_tiny_model
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread(one_torch_thread):
-    """Every test of this module runs torch on one thread."""
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # every test of this module: torch on one thread
 
 
 @pytest.fixture(scope="module")

@@ -28,9 +28,7 @@ MODULES = ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj")
 SHAPES = {MODULES[0]: (64, 64), MODULES[1]: (64, 128)}  # (out, in)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread(one_torch_thread):
-    """Every test of this module runs torch on one thread."""
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # every test of this module: torch on one thread
 
 
 @pytest.fixture(scope="module")
