@@ -24,6 +24,7 @@ setting where no agent can answer alone, then HotpotQA when its data is present)
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -218,24 +219,25 @@ def adapter_label(trainer: str, manifest: Mapping[str, Any]) -> str:
 
 def _checkpoint_rows(
     spec: DemoTask, out: Path, runs: Sequence[TrainedRun], exports: Mapping[str, Mapping[str, Any]]
-) -> dict[str, str]:
-    """One evaluated row per distinct model: every stage of every run (a shared M_0 once, through
-    its full checkpoint), then each run's exported adapter (what is committed is what is scored)."""
-    rows: dict[str, str] = {}
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The evaluated models: every stage of every run (a shared M_0 once, through its full
+    checkpoint), and each run's exported adapter (what is committed is what is scored)."""
+    stages: dict[str, str] = {}
     for run in runs:
         for stage, path in run.stages:
             if stage != run.shared:
-                rows[stage_label(run.trainer, stage)] = path
-    for run in runs:
-        rows[adapter_label(run.trainer, exports[run.trainer])] = str(adapter_dir(out, spec.name, run.trainer))
-    return rows
+                stages[stage_label(run.trainer, stage)] = path
+    adapters = {
+        adapter_label(run.trainer, exports[run.trainer]): str(adapter_dir(out, spec.name, run.trainer))
+        for run in runs
+    }
+    return stages, adapters
 
 
-def _eval_store(folder: Path) -> tuple[EpisodeStore, Path, float]:
+def _timing(folder: Path) -> tuple[Path, float]:
     folder.mkdir(parents=True, exist_ok=True)
-    timing = folder / "timing.json"  # generation seconds, summed over invocations
-    spent = float(read_json_object(timing)["generate_s"]) if timing.is_file() else 0.0
-    return EpisodeStore(folder / "episodes.jsonl"), timing, spent
+    timing = folder / "timing.json"  # generation seconds of this folder's rows, summed over invocations
+    return timing, float(read_json_object(timing)["generate_s"]) if timing.is_file() else 0.0
 
 
 def _play(
@@ -247,9 +249,12 @@ def _play(
     *,
     concurrency: int,
     provenance: Mapping[str, Any],
+    episodes: Path | None = None,
 ) -> dict[str, Any]:
-    """Play ``methods`` on the first ``instances`` held-out instances into ``folder`` (resumable)."""
-    store, timing, spent = _eval_store(folder)
+    """Play ``methods`` on the first ``instances`` held-out instances and write their results into
+    ``folder`` (resumable); the episodes go to ``episodes`` (default: the folder's own store)."""
+    timing, spent = _timing(folder)
+    store = EpisodeStore(episodes or folder / "episodes.jsonl")
     entry = open_task(
         (spec.task,), explicit=True, suite=get_suite("demo"), split=spec.eval_split,
         episodes=instances, pm=None, task_kwargs=spec.task_kwargs,
@@ -278,7 +283,7 @@ def _play(
         wall_time_s=round(time.perf_counter() - started, 1),
         eval_generate_s=round(spent, 1),
     )
-    write_outputs(folder, results, store, viewer_limit=10)
+    write_outputs(folder, results, store, viewer_limit=10, episodes=os.path.relpath(store.path, folder))
     return results
 
 
@@ -291,37 +296,32 @@ def _evaluate(
     concurrency: int,
     provenance: Mapping[str, Any],
     exports: Mapping[str, Mapping[str, Any]],
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
     settings = eval_settings(spec)
-    rows = _checkpoint_rows(spec, out, runs, exports)
-    methods = build_methods(spec.baselines, rows, settings)
+    stage_rows, adapters = _checkpoint_rows(spec, out, runs, exports)
+    methods = build_methods(spec.baselines, adapters, settings)
     logger.info(
         "demo %s: evaluating %d systems on %d held-out instances",
         spec.name,
         len(methods),
         spec.eval_instances,
     )
-    main = _play(
-        spec,
-        root / "eval",
-        methods,
-        settings,
-        spec.eval_instances,
-        concurrency=concurrency,
-        provenance=provenance,
-    )
+    play = functools.partial(_play, spec, concurrency=concurrency, provenance=provenance)
+    main = play(root / "eval", methods, settings, spec.eval_instances)
+    # every stage, on the first instances of the same episodes (MAD's and CoT's are played already)
+    logger.info("demo %s: every training stage on %d held-out instances", spec.name, spec.stage_instances)
+    stage_methods = build_methods(("mad", "cot"), stage_rows, settings)
+    store = root / "eval" / "episodes.jsonl"
+    stages = play(root / "stages", stage_methods, settings, spec.stage_instances, episodes=store)
     if spec.scaling_instances <= 0 or not runs:
-        return main, None
+        return main, stages, None
     finals = {trainer_label(r.trainer): adapter_label(r.trainer, exports[r.trainer]) for r in runs}
     scores = {r["method"]: r["score"] for r in main["rows"] if r["score"] is not None}
     best = max(finals, key=lambda t: scores.get(finals[t], -1.0))
-    scaling = build_methods(("mad",), {finals[best]: rows[finals[best]]}, settings, scaling=True)
+    scaling = build_methods(("mad",), {finals[best]: adapters[finals[best]]}, settings, scaling=True)
     logger.info("demo %s: inference scaling of MAD and %s (k=%d)", spec.name, best, spec.scaling_k)
-    curves = _play(
-        spec, root / "scaling", scaling, settings, spec.scaling_instances, concurrency=concurrency,
-        provenance=provenance,
-    )  # fmt: skip
-    return main, curves
+    curves = play(root / "scaling", scaling, settings, spec.scaling_instances)
+    return main, stages, curves
 
 
 def run_demo(
@@ -384,11 +384,13 @@ def _run(
             exports[trainer] = {**manifest, "folder": str(adapter_dir(out, spec.name, trainer))}
         done += 1
         print(f"[demo {done}/{units}] {spec.name}: evaluating", flush=True)
-        main, curves = _evaluate(
+        main, stages, curves = _evaluate(
             spec, root, out, runs, concurrency=concurrency, provenance=provenance, exports=exports
         )
         finals = {adapter_label(r.trainer, exports[r.trainer]): trainer_label(r.trainer) for r in runs}
-        summary = summarize(spec, main, curves, runs, exports, labels=row_labels(runs), finals=finals)
+        summary = summarize(
+            spec, main, curves, runs, exports, stages=stages, labels=row_labels(runs), finals=finals
+        )
         summary["plots"] = write_plots(summary, out)
         summaries.append(summary)
         demo = _pages(

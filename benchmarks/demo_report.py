@@ -54,15 +54,18 @@ def summarize(
     runs: Sequence[Any],
     exports: Mapping[str, Mapping[str, Any]],
     *,
+    stages: Mapping[str, Any] | None = None,
     labels: Mapping[tuple[str, str], str] | None = None,
     finals: Mapping[str, str] | None = None,
     status: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """The summary of one task (``demo.json``'s entry): rows with intervals, curves, targets.
 
-    ``labels`` maps every (trainer, stage) of ``runs`` to its evaluated row
-    (:func:`benchmarks.demo.row_labels`), ``finals`` the row of each run's committed adapter to
-    the run's name (``iSFT``): those rows are the trained systems of the table.
+    ``main`` holds the table's rows (baselines and adapters), ``stages`` every training stage's on
+    the first held-out instances with MAD and CoT on the same ones (the curves). ``labels`` maps
+    every (trainer, stage) of ``runs`` to its row in ``stages`` (:func:`benchmarks.demo.row_labels`),
+    ``finals`` the row of each run's committed adapter to the run's name (``iSFT``): those rows
+    are the trained systems of the table.
     """
     summary: dict[str, Any] = {
         "task": spec.task,
@@ -78,13 +81,13 @@ def summarize(
     }
     if main is None:
         return summary
-    add_intervals(main["rows"], base_key="mad")
-    rows = [_row(r) for r in main["rows"]]
-    by_label = {r["method"]: r for r in rows}
+    rows, stage_rows = _rows(main), _rows(stages) if stages else []
     for row in rows:
         row["final_of"] = (finals or {}).get(row["method"])
+    by_label = {r["method"]: r for r in stage_rows}
     summary.update(
         rows=rows,
+        stage_rows=stage_rows,
         curves={trainer_label(r.trainer): _curve(r, by_label, labels or {}) for r in runs},
         adapters={
             trainer_label(t): {
@@ -93,11 +96,16 @@ def summarize(
             for t, m in exports.items()
         },
         train_s=round(sum(r.compute_s() for r in runs), 1),
-        eval_s=round(main.get("eval_generate_s", 0.0) + (scaling or {}).get("eval_generate_s", 0.0), 1),
+        eval_s=round(sum((r or {}).get("eval_generate_s", 0.0) for r in (main, stages, scaling)), 1),
         scaling=(scaling or {}).get("curves", {}).get(spec.task, {}),
         targets=_targets(spec, rows),
     )
     return summary
+
+
+def _rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    add_intervals(results["rows"], base_key="mad")
+    return [_row(r) for r in results["rows"]]
 
 
 def _targets(spec: DemoTask, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -132,16 +140,14 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 
 def table1(summary: Mapping[str, Any], *, stages: bool = False) -> str:
-    """The Table-1-style table of one task: baselines and trained systems (``stages``: every stage)."""
+    """The Table-1-style table of one task: baselines and trained systems (``stages``: every
+    training stage, beside MAD and CoT on the same instances)."""
     lines = [
         "| System | Score (95% CI) | Tokens / episode (95% CI) | Score vs MAD | Tokens vs MAD |",
         "|---|---|---|---|---|",
     ]
-    for row in summary["rows"]:
-        trained = row["key"].startswith("ckpt:")
-        if trained and not stages and not row.get("final_of"):
-            continue
-        label = row["final_of"] if row.get("final_of") and not stages else row["method"]
+    for row in summary.get("stage_rows", []) if stages else summary["rows"]:
+        label = row.get("final_of") or row["method"]
         lines.append(
             f"| {label} | {cell(row['score'], row['score_ci'])} | "
             f"{cell(row['tokens'], row['tokens_ci'], 1)} | "
@@ -220,8 +226,10 @@ def render_report(demo: Mapping[str, Any]) -> str:
             "",
         ]
         parts += [f"![{name}]({name})" for name in s.get("plots", [])] + [""]
+        m = s["stage_rows"][0]["instances"] if s.get("stage_rows") else 0
         parts += [
-            "Every stage on the held-out instances, and its training data:",
+            f"Every training stage on the first {m} of those instances (MAD and CoT on the same "
+            "ones), and its training data:",
             "",
             table1(s, stages=True),
             "",
@@ -269,7 +277,7 @@ def write_plots(summary: Mapping[str, Any], out: Path) -> list[str]:
     from benchmarks.plots import _pyplot
 
     names: list[str] = []
-    rows = {r["key"]: r for r in summary["rows"]}
+    rows = {r["key"]: r for r in summary.get("stage_rows", [])}  # the instances of the curves
     if summary.get("curves"):
         plt = _pyplot()
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))

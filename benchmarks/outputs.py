@@ -118,15 +118,25 @@ def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: Ep
     return {"rows": rows, "tasks": tasks, "methods": method_info, "curves": curves}
 
 
-def write_outputs(out: Path, results: dict[str, Any], store: EpisodeStore, *, viewer_limit: int) -> str:
-    """Write results.json, the plots, viewer.html and report.md; returns the long table."""
+def write_outputs(
+    out: Path,
+    results: dict[str, Any],
+    store: EpisodeStore,
+    *,
+    viewer_limit: int,
+    episodes: str = "episodes.jsonl",
+) -> str:
+    """Write results.json, the plots, viewer.html and report.md; returns the long table.
+
+    ``episodes`` is where ``store`` is, relative to ``out`` (recorded in ``results["files"]``).
+    """
     plots = []
     if plot_score_vs_tokens(results["rows"], out / SCORE_PLOT):
         plots.append(SCORE_PLOT)
     if results["curves"] and plot_scaling(results["curves"], out / SCALING_PLOT):
         plots.append(SCALING_PLOT)
     results["files"] = {
-        "episodes": "episodes.jsonl",
+        "episodes": episodes,
         "report": "report.md",
         "viewer": VIEWER,
         "plots": plots,

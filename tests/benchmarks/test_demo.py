@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from benchmarks.demo_report import readme_block, summarize, table1
 from benchmarks.demo_tasks import DEMO_TASKS, MAIN_TASK, TRAINERS, DemoTask
 from benchmarks.readme import replace_block
 from optima_env import make_task
+from optima_env.errors import TaskContractError
 
 
 def test_the_main_task_needs_both_agents_on_every_held_out_instance() -> None:
@@ -73,36 +75,47 @@ def test_summary_intervals_ratios_and_targets() -> None:
     n = 20
     mad = _row("mad", "MAD", [0.1 if i % 2 else 0.0 for i in range(n)], [200.0] * n)
     cot = _row("cot", "CoT", [0.2] * n, [30.0] * n)
-    isft = _row("ckpt:iSFT iter 01", "iSFT iter 01", [0.5] * n, [15.0] * n)
-    main = {"rows": [mad, cot, isft], "tasks": [{"status": "ok", "reason": ""}], "eval_generate_s": 60.0}
+    adapter = _row("ckpt:iSFT adapter", "iSFT adapter (r8, 0123abcd)", [0.5] * n, [15.0] * n)
+    main = {"rows": [mad, cot, adapter], "tasks": [{"status": "ok", "reason": ""}], "eval_generate_s": 60.0}
+    # the stages on the first m instances, beside MAD and CoT on the same ones
+    m = 10
+    stage_mad = _row("mad", "MAD", [0.1 if i % 2 else 0.0 for i in range(m)], [200.0] * m)
+    isft = _row("ckpt:iSFT iter 01", "iSFT iter 01", [0.4] * m, [20.0] * m)
+    stages = {"rows": [stage_mad, _row("cot", "CoT", [0.2] * m, [30.0] * m), isft], "eval_generate_s": 30.0}
     spec = DemoTask(name="synth", task="ie/synth-v0", trainers=("isft",), target_score_ratio=3.0,
                     target_token_ratio=0.1, target_above_cot=True)  # fmt: skip
     run = _Run("isft", ["iter_00", "iter_01"])
-    adapter = _row("ckpt:iSFT adapter", "iSFT adapter (r8, 0123abcd)", [0.5] * n, [15.0] * n)
-    main["rows"].append(adapter)
     finals = {"iSFT adapter (r8, 0123abcd)": "iSFT"}
-    summary = summarize(
-        spec, main, None, [run], {}, labels={("isft", "iter_01"): "iSFT iter 01"}, finals=finals
-    )
+    labels = {("isft", "iter_01"): "iSFT iter 01"}
+    summary = summarize(spec, main, None, [run], {}, stages=stages, labels=labels, finals=finals)
     rows = {r["key"]: r for r in summary["rows"]}
-    assert rows["ckpt:iSFT adapter"]["final_of"] == "iSFT" and rows["ckpt:iSFT iter 01"]["final_of"] is None
+    assert rows["ckpt:iSFT adapter"]["final_of"] == "iSFT" and "ckpt:iSFT iter 01" not in rows
     assert rows["ckpt:iSFT adapter"]["score_ratio"] == pytest.approx(10.0)
     assert rows["ckpt:iSFT adapter"]["token_ratio"] == pytest.approx(0.075)
     low, high = rows["mad"]["score_ci"]
     assert 0.0 < low < 0.05 < high < 0.1  # MAD scores 0.05 with spread; CoT's interval is a point
     assert rows["cot"]["score_ci"] == [0.2, 0.2]
     assert summary["targets"]["met"] and summary["targets"]["best"] == "iSFT"
-    assert summary["train_s"] == 20.0 and summary["eval_s"] == 60.0
-    assert [p["score"] for p in summary["curves"]["iSFT"]] == [None, 0.5]  # iter 00 not evaluated here
+    assert summary["train_s"] == 20.0 and summary["eval_s"] == 90.0  # the table's and the stages'
+    assert [p["score"] for p in summary["curves"]["iSFT"]] == [None, pytest.approx(0.4)]  # iter 00 not played
+    (stage_row,) = [r for r in summary["stage_rows"] if r["key"] == "ckpt:iSFT iter 01"]
+    assert stage_row["instances"] == m and stage_row["score_ratio"] == pytest.approx(8.0)  # vs MAD's first m
     table = table1(summary)
     assert "| iSFT | 0.500 [0.500, 0.500] | 15.0 [15.0, 15.0] | 10.00x" in table
-    assert "iter 01" not in table and "iter 01" in table1(summary, stages=True)
+    assert "iter 01" not in table and "| iSFT iter 01 | 0.400" in table1(summary, stages=True)
     weak = _row("ckpt:iSFT adapter", "iSFT adapter (r8, 0123abcd)", [0.15] * n, [15.0] * n)
     worse = summarize(spec, {**main, "rows": [mad, cot, weak]}, None, [run], {}, labels={}, finals=finals)
     assert not worse["targets"]["met"]  # 3x MAD but below CoT
     block = readme_block({"command": "c", "train_s": 60.0, "eval_s": 60.0, "report": "r.md", "folder": "f",
                           "tasks": [{**summary, "plots": ["demo_synth.png"]}]})  # fmt: skip
     assert "![demo_synth.png](f/demo_synth.png)" in block and "— met." in block
+
+
+def test_a_demo_task_evaluates_its_stages_on_a_part_of_the_table_instances() -> None:
+    with pytest.raises(TaskContractError, match=r"stage_instances must be in 1\.\.eval_instances"):
+        DemoTask(name="synth", task="ie/synth-v0", eval_instances=20, stage_instances=30)
+    for spec in DEMO_TASKS:
+        assert spec.stage_instances <= spec.eval_instances
 
 
 @pytest.mark.slow
@@ -141,6 +154,7 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
             "isft-dpo": {"iterations": 1},
         },
         eval_instances=2,
+        stage_instances=1,
         max_turns=2,
         max_new_tokens=6,
         sc_n=2,
@@ -156,11 +170,19 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
     assert demo["train_s"] > 0 and demo["eval_s"] > 0
     methods = [r["method"] for r in summary["rows"]]
     assert methods[:4] == ["CoT", "SC (n=2)", "MAD", "AutoForm"]
-    # iSFT's two stages, then iDPO's and iSFT-DPO's own stages (their shared M_0 once), then the
-    # three exported adapters
-    assert methods[4:8] == ["iSFT iter 00", "iSFT iter 01", "iDPO iter 01", "iSFT-DPO iter 00 dpo"]
-    assert [m.split(" (")[0] for m in methods[8:]] == ["iSFT adapter", "iDPO adapter", "iSFT-DPO adapter"]
+    # the table: the baselines, then the three exported adapters, on every held-out instance
+    assert [m.split(" (")[0] for m in methods[4:]] == ["iSFT adapter", "iDPO adapter", "iSFT-DPO adapter"]
     assert all(r["instances"] == 2 and r["score"] is not None and r["score_ci"] for r in summary["rows"])
+    # the curves: iSFT's two stages, then iDPO's and iSFT-DPO's own (their shared M_0 once), on the
+    # first instance, beside MAD and CoT on it
+    stage_rows = summary["stage_rows"]
+    assert [r["method"] for r in stage_rows] == [
+        "MAD", "CoT", "iSFT iter 00", "iSFT iter 01", "iDPO iter 01", "iSFT-DPO iter 00 dpo",
+    ]  # fmt: skip
+    assert all(r["instances"] == 1 and r["score"] is not None for r in stage_rows)
+    results = json.loads((out / "synth" / "stages" / "results.json").read_text(encoding="utf-8"))
+    assert results["files"]["episodes"] == os.path.join("..", "eval", "episodes.jsonl")
+    assert not (out / "synth" / "stages" / "episodes.jsonl").exists()  # one store for both
     assert {r["final_of"] for r in summary["rows"] if r["final_of"]} == {"iSFT", "iDPO", "iSFT-DPO"}
     for trainer in TRAINERS:
         folder = adapter_dir(out, "synth", trainer)
