@@ -82,8 +82,9 @@ class RunArgs:
     """Samples per instance in the scaling suite (paper: 50; default: the suite's)."""
     scaling_temperature: float = 0.5
     """Sampling temperature of the scaling suite (spec §8.3)."""
-    concurrency: int = 16
-    """Episodes generated together in one batch."""
+    concurrency: int | None = None
+    """Episodes in flight, batched together at every turn (default: the suite's, 16; main and demo
+    32, so the main command's 30 instances are one batch)."""
     data_dir: str | None = None
     """Benchmark data folder (default: $OPTIMA_DATA_DIR)."""
     out: str | None = None

@@ -329,7 +329,7 @@ def run_demo(
     *,
     names: Sequence[str] = (),
     tasks: Sequence[DemoTask] = DEMO_TASKS,
-    concurrency: int = 16,
+    concurrency: int = 32,
     update_readme_path: Path | None = None,
     command: str = "python -m benchmarks.run --suite demo",
     git_commit: str = "",

@@ -117,6 +117,10 @@ def _suite_adapters(suite: Any) -> dict[str, str]:
     return found
 
 
+def _concurrency(args: RunArgs, suite: Any) -> int:
+    return suite.concurrency if args.concurrency is None else args.concurrency
+
+
 def _check_resume(out: Path, identity: dict[str, Any]) -> None:
     path = out / "run_config.json"
     if path.exists():
@@ -208,7 +212,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
         return run_demo(
             out,
             names=args.task,
-            concurrency=args.concurrency,
+            concurrency=_concurrency(args, suite),
             update_readme_path=REPO_README if args.update_readme else None,
             command=" ".join(command_line(args)),
             git_commit=_git_commit() or "unknown",
@@ -265,7 +269,8 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
     resumed = len(store)
 
     play_methods(
-        methods, entries, store, settings=settings, split=args.split, concurrency=args.concurrency,
+        methods, entries, store, settings=settings, split=args.split,
+        concurrency=_concurrency(args, suite),
         backend=backend, default_model=args.model,
         policy_options={"base_urls": args.base_url, "api_key_env": args.api_key_env or None,
                         "tokenizer": args.tokenizer, **vllm_options(args, backend)},

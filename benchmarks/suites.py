@@ -15,8 +15,10 @@ paper      spec §8.1: the eight paper tasks, the first 1000 test items of the i
 scaling    spec §8.3: K samples per instance at temperature 0.5 of each method (MAD and CoT by
            default), majority-vote score, coverage and total tokens for k = 1..K
 rollout    the throughput benchmark of ``benchmarks.rollout_bench`` (rollout engine vs naive loop)
-demo       Optima's effect on CPU: iSFT trains the embedded model, then held-out evaluation of the
-           untrained system, CoT and every iteration (``benchmarks.demo``; about 1.5 h on 2 cores)
+demo       Table 1 on CPU (``benchmarks.demo``): iSFT, iDPO and iSFT-DPO trained on the embedded
+           task and HotpotQA, then CoT, SC, MAD, AutoForm and the committed adapters on 100
+           held-out instances, every stage's curve and the inference-scaling figure; many hours
+           on 2 cores, resumed from its ``--out`` folder after any stop
 =========  ==========================================================================================
 
 Command-line flags override a suite's defaults (``--task``, ``--methods``, ``--episodes``, ...).
@@ -68,6 +70,8 @@ class Suite:
     scaling: bool = False
     """Play every method ``scaling_k`` times per instance and report the scaling curves."""
     backend: str = "hf"
+    concurrency: int = 16
+    """Episodes in flight (the engine's batch size per turn); ``--concurrency`` overrides it."""
     task_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Task factory keyword arguments per task id (e.g. the demo's synthetic setting)."""
     stop_at_speaker_tags: bool = False
@@ -103,6 +107,7 @@ SUITES: dict[str, Suite] = {
         max_new_tokens=MAIN_TASK.max_new_tokens,
         task_kwargs={MAIN_TASK.task: dict(MAIN_TASK.task_kwargs)},
         stop_at_speaker_tags=True,
+        concurrency=32,  # every instance in one batch: on this CPU bs32 decodes 2x bs8 (feasibility §2)
         adapters=tuple((trainer_label(t), str(DEMO_ADAPTERS / MAIN_TASK.name / t)) for t in TRAINERS),
     ),
     "smoke": Suite(
@@ -145,7 +150,9 @@ SUITES: dict[str, Suite] = {
     ),
     "demo": Suite(
         name="demo",
-        description="iSFT trained on 2 CPU cores, then evaluated against the untrained system",
+        description="Table 1 on 2 CPU cores: iSFT, iDPO and iSFT-DPO trained on the embedded task "
+        "and HotpotQA, against CoT, SC, MAD and AutoForm (hours; resumable)",
+        concurrency=32,
     ),
 }
 
