@@ -166,7 +166,7 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
             "tree.normalizer_instances": 16,
         },
         train_by_trainer={
-            "isft": {"iterations": 4},
+            "isft": {"iterations": 6},
             "idpo": {"iterations": 3},
             "isft-dpo": {"iterations": 3},
         },
