@@ -6,7 +6,7 @@ suite      what it runs
 main       the default (the README's main command): the demo's synthetic task, untrained CoT and MAD
            against the three trained systems whose adapters the demo committed
            (``benchmarks/results/demo/adapters/synth``), the demo's caps, 30 held-out instances;
-           about 13 minutes on 2 CPU cores with the three adapters
+           about 8 minutes on 2 CPU cores with the three adapters
 smoke      the embedded task with the embedded model, CoT and MAD on 4 test instances, short
            turns; a few minutes on 2 CPU cores
 paper      spec §8.1: the eight paper tasks, the first 1000 test items of the information-exchange
