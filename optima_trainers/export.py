@@ -300,6 +300,12 @@ def _write_adapter(folder: Path, factors: Mapping[str, tuple], *, base_model: st
         inference_mode=True,
     )
     config.save_pretrained(str(folder))
+    # PEFT keeps target_modules as a set, so the file's order changed with the hash seed: sorted,
+    # the same weights always give the same bytes (and the same sha256 in the manifest)
+    path = folder / "adapter_config.json"
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    stored["target_modules"] = sorted(stored["target_modules"])
+    path.write_text(json.dumps(stored, indent=2, sort_keys=True), encoding="utf-8")
     tensors = {}
     for name, (a, b) in factors.items():
         tensors[f"base_model.model.{name}.lora_A.weight"] = a
