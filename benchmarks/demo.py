@@ -10,13 +10,15 @@ setting where no agent can answer alone, then HotpotQA when its data is present)
    with the same ``--out`` resumes every run where it stopped (finished stages are kept; only the
    number of iterations may change).
 2. **export** each run's final model as a small LoRA adapter (``<out>/adapters/<task>/<trainer>``:
-   fp16, rank 16, with a manifest of the command, git commit, config and sha256;
+   fp16, rank 8, with a manifest of the command, git commit, config and sha256;
    :func:`optima_trainers.export.export_lora`); these are the committed adapters that the
    README's main command evaluates.
 3. **evaluate** on held-out instances (the test split; HotpotQA's is the dev set), greedy, with the
-   same caps for every system: the baselines (CoT, SC, MAD, AutoForm; untrained), every stage of
-   every run (the last one through its exported adapter), then the inference-scaling curves of MAD
-   and the best trained system. Episodes go to ``<out>/<task>/eval/`` (resumable too).
+   same caps for every system: the table (the baselines CoT, SC, MAD and AutoForm, untrained, and
+   each run's exported adapter) on all ``eval_instances``, then every stage of every run on the
+   first ``stage_instances`` of them, beside MAD and CoT (the curves), then the inference-scaling
+   curves of MAD and the best trained system. The episodes go to ``<out>/<task>/eval/`` (the
+   stages' too; resumable), the stages' and the scaling results to ``stages/`` and ``scaling/``.
 4. **report**: ``report.md`` (Table-1-style, 95% bootstrap intervals on every score and ratio,
    per-iteration curves, the recipe's departures from the spec, the compute summed over every
    invocation), ``demo.json`` and the plots; with ``--update-readme`` the README's demo block.
@@ -34,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.clock import InvocationClock, total_seconds
-from benchmarks.demo_report import render_report, summarize, write_plots
+from benchmarks.clock import InvocationClock
+from benchmarks.demo_report import render_report, summarize, write_pages, write_plots
 from benchmarks.demo_tasks import DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
 from benchmarks.methods import PlaySettings, build_methods
 from benchmarks.outputs import collect_results, write_outputs
@@ -45,7 +47,7 @@ from benchmarks.units import TaskEntry, open_task, play_methods
 from optima_env import make_task
 from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS
 from optima_env.errors import DataError, MissingDependencyError, TaskContractError
-from optima_env.io import read_json_object, write_json_atomic, write_text_atomic
+from optima_env.io import read_json_object, write_json_atomic
 
 __all__ = ["TrainedRun", "adapter_dir", "adapter_label", "row_labels", "run_demo"]
 
@@ -393,44 +395,16 @@ def _run(
         )
         summary["plots"] = write_plots(summary, out)
         summaries.append(summary)
-        demo = _pages(
+        demo = write_pages(
             out, summaries, command=command, git_commit=git_commit, started=started, threads=threads
         )
-    demo = _pages(out, summaries, command=command, git_commit=git_commit, started=started, threads=threads)
+    demo = write_pages(
+        out, summaries, command=command, git_commit=git_commit, started=started, threads=threads
+    )
     if update_readme_path is not None:
         from benchmarks.demo_report import readme_block
         from benchmarks.readme import replace_block
 
         replace_block(update_readme_path, "demo", readme_block(demo))
     print(render_report(demo))
-    return demo
-
-
-def _pages(
-    out: Path,
-    summaries: Sequence[Mapping[str, Any]],
-    *,
-    command: str,
-    git_commit: str,
-    started: float,
-    threads: int | None,
-) -> dict[str, Any]:
-    """Write ``demo.json`` and ``report.md`` for the tasks done so far (after each task)."""
-    invocations_s, invocations = total_seconds(out / "invocations.json")
-    demo = {
-        "command": command,
-        "started": time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started)),
-        "wall_time_s": round(time.time() - started, 1),
-        "train_s": round(sum(s.get("train_s", 0.0) for s in summaries), 1),
-        "eval_s": round(sum(s.get("eval_s", 0.0) for s in summaries), 1),
-        "invocations_s": invocations_s,
-        "invocations": invocations,
-        "git_commit": git_commit,
-        "threads": threads if threads is not None else os.environ.get("OMP_NUM_THREADS", "torch default"),
-        "folder": str(out),
-        "report": str(out / "report.md"),
-        "tasks": list(summaries),
-    }
-    write_json_atomic(out / "demo.json", demo)
-    write_text_atomic(out / "report.md", render_report(demo))
     return demo

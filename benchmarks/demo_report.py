@@ -4,14 +4,18 @@ and the README block (:mod:`benchmarks.demo` computes, this module only reads an
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.clock import total_seconds
 from benchmarks.demo_tasks import DemoTask, eval_settings, trainer_label
 from benchmarks.intervals import add_intervals, cell
+from optima_env.io import write_json_atomic, write_text_atomic
 
-__all__ = ["readme_block", "render_report", "summarize", "table1", "write_plots"]
+__all__ = ["readme_block", "render_report", "summarize", "table1", "write_pages", "write_plots"]
 
 
 def _row(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,6 +134,36 @@ def _targets(spec: DemoTask, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any
         met.append(best["score"] > cot["score"])
     out["met"] = all(met)
     return out
+
+
+def write_pages(
+    out: Path,
+    summaries: Sequence[Mapping[str, Any]],
+    *,
+    command: str,
+    git_commit: str,
+    started: float,
+    threads: int | None,
+) -> dict[str, Any]:
+    """Write ``demo.json`` and ``report.md`` for the tasks done so far (after each task)."""
+    invocations_s, invocations = total_seconds(out / "invocations.json")
+    demo = {
+        "command": command,
+        "started": time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started)),
+        "wall_time_s": round(time.time() - started, 1),
+        "train_s": round(sum(s.get("train_s", 0.0) for s in summaries), 1),
+        "eval_s": round(sum(s.get("eval_s", 0.0) for s in summaries), 1),
+        "invocations_s": invocations_s,
+        "invocations": invocations,
+        "git_commit": git_commit,
+        "threads": threads if threads is not None else os.environ.get("OMP_NUM_THREADS", "torch default"),
+        "folder": str(out),
+        "report": str(out / "report.md"),
+        "tasks": list(summaries),
+    }
+    write_json_atomic(out / "demo.json", demo)
+    write_text_atomic(out / "report.md", render_report(demo))
+    return demo
 
 
 # -- tables ---------------------------------------------------------------------------------------
