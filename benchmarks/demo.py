@@ -361,10 +361,24 @@ def _run(
 ) -> dict[str, Any]:
     started = time.time()
     provenance = {"git_commit": git_commit, "command": command.split()}
-    summaries = []
+    summaries: list[dict[str, Any]] = []
     units = sum(len(s.trainers) + 1 for s in specs)
     done = 0
-    for spec in specs:
+
+    def publish(pending: Sequence[DemoTask]) -> dict[str, Any]:
+        """demo.json, report.md and (with ``update_readme_path``) the README block, so far."""
+        demo = write_pages(
+            out, summaries, command=command, git_commit=git_commit, started=started, threads=threads,
+            pending=[s.task for s in pending],
+        )  # fmt: skip
+        if update_readme_path is not None:
+            from benchmarks.demo_report import readme_block
+            from benchmarks.readme import replace_block
+
+            replace_block(update_readme_path, "demo", readme_block(demo))
+        return demo
+
+    for i, spec in enumerate(specs):
         root = out / spec.name
         try:
             make_task(spec.task, **dict(spec.task_kwargs)).samples("train")[0]
@@ -374,6 +388,7 @@ def _run(
             entry.miss(exc)
             summaries.append(summarize(spec, None, None, [], {}, status=(entry.status, entry.reason)))
             done += len(spec.trainers) + 1
+            demo = publish(specs[i + 1 :])
             continue
         runs: list[TrainedRun] = []
         exports: dict[str, dict[str, Any]] = {}
@@ -395,16 +410,6 @@ def _run(
         )
         summary["plots"] = write_plots(summary, out)
         summaries.append(summary)
-        demo = write_pages(
-            out, summaries, command=command, git_commit=git_commit, started=started, threads=threads
-        )
-    demo = write_pages(
-        out, summaries, command=command, git_commit=git_commit, started=started, threads=threads
-    )
-    if update_readme_path is not None:
-        from benchmarks.demo_report import readme_block
-        from benchmarks.readme import replace_block
-
-        replace_block(update_readme_path, "demo", readme_block(demo))
+        demo = publish(specs[i + 1 :])
     print(render_report(demo))
     return demo

@@ -144,8 +144,10 @@ def write_pages(
     git_commit: str,
     started: float,
     threads: int | None,
+    pending: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Write ``demo.json`` and ``report.md`` for the tasks done so far (after each task)."""
+    """Write ``demo.json`` and ``report.md`` for the tasks done so far (after each task);
+    ``pending`` names the tasks still to run."""
     invocations_s, invocations = total_seconds(out / "invocations.json")
     demo = {
         "command": command,
@@ -160,6 +162,7 @@ def write_pages(
         "folder": str(out),
         "report": str(out / "report.md"),
         "tasks": list(summaries),
+        "pending": list(pending),
     }
     write_json_atomic(out / "demo.json", demo)
     write_text_atomic(out / "report.md", render_report(demo))
@@ -282,7 +285,17 @@ def render_report(demo: Mapping[str, Any]) -> str:
         parts += ["Departures from the spec, and why:", ""] + [f"- {d}" for d in s["departures"]] + [""]
         parts += [f"Training overrides per trainer (on the cpu profile): `{json.dumps(s['train'])}`; task "
                   f"kwargs `{json.dumps(s['task_kwargs'])}`.", ""]  # fmt: skip
+    parts += _pending_line(demo)
     return "\n".join(parts)
+
+
+def _pending_line(demo: Mapping[str, Any]) -> list[str]:
+    if not demo.get("pending"):
+        return []
+    return [
+        f"Still to run: {', '.join(demo['pending'])} (the same command resumes the demo from its folder).",
+        "",
+    ]
 
 
 def readme_block(demo: Mapping[str, Any]) -> str:
@@ -301,6 +314,7 @@ def readme_block(demo: Mapping[str, Any]) -> str:
             continue
         parts += [table1(s), "", _target_line(s), ""]
         parts += [f"![{name}]({demo['folder']}/{name})" for name in s.get("plots", [])] + [""]
+    parts += _pending_line(demo)
     return "\n".join(parts).rstrip() + "\n"
 
 

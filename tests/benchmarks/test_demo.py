@@ -109,6 +109,10 @@ def test_summary_intervals_ratios_and_targets() -> None:
     block = readme_block({"command": "c", "train_s": 60.0, "eval_s": 60.0, "report": "r.md", "folder": "f",
                           "tasks": [{**summary, "plots": ["demo_synth.png"]}]})  # fmt: skip
     assert "![demo_synth.png](f/demo_synth.png)" in block and "— met." in block
+    assert "Still to run" not in block
+    partial = readme_block({"command": "c", "train_s": 60.0, "eval_s": 60.0, "report": "r.md", "folder": "f",
+                            "tasks": [summary], "pending": ["ie/hotpotqa-v0"]})  # fmt: skip
+    assert "Still to run: ie/hotpotqa-v0 (the same command resumes" in partial
 
 
 def test_a_demo_task_evaluates_its_stages_on_a_part_of_the_table_instances() -> None:
@@ -233,3 +237,31 @@ def test_committed_adapters_verify_and_name_the_command_that_made_them(folder: P
     assert provenance["command"].startswith("python -m benchmarks.run --suite demo")
     assert provenance["trainer"] == folder.name and provenance["git_commit"]
     assert manifest["bytes"] < 8_000_000  # small enough to commit
+
+
+def test_a_task_without_its_data_is_reported_and_the_readme_names_what_is_left(tmp_path, monkeypatch) -> None:
+    """The demo goes on past a task whose data is missing: the report, demo.json and the README
+    block say so after each task, and name the tasks still to run."""
+    monkeypatch.setenv("OPTIMA_DATA_DIR", str(tmp_path / "no-data"))
+    hotpot = next(s for s in DEMO_TASKS if s.name == "hotpotqa")
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- begin demo -->\n<!-- end demo -->\n", encoding="utf-8")
+    out = tmp_path / "demo"
+    blocks = []
+    real = replace_block
+
+    def spy(path, name, text):  # the block as each task ends
+        blocks.append(text)
+        real(path, name, text)
+
+    monkeypatch.setattr("benchmarks.readme.replace_block", spy)
+    demo = run_demo(out, tasks=[hotpot, hotpot], update_readme_path=readme, progress=False)
+    assert [s["status"] for s in demo["tasks"]] == ["data missing", "data missing"]
+    assert len(blocks) == 2 and "Still to run: ie/hotpotqa-v0" in blocks[0]
+    assert "Still to run" not in blocks[1] and demo["pending"] == []
+    text = readme.read_text(encoding="utf-8")
+    assert (
+        "not evaluated: data missing" in text
+        and text == f"intro\n<!-- begin demo -->\n{blocks[1]}<!-- end demo -->\n"
+    )
+    assert json.loads((out / "demo.json").read_text(encoding="utf-8"))["tasks"][0]["status"] == "data missing"
