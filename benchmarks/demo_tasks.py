@@ -60,7 +60,7 @@ class DemoTask:
     eval_instances: int = 100
     """Held-out instances of the table: the baselines and the committed adapters (the first N of
     the split)."""
-    stage_instances: int = 30  # the departures say so
+    stage_instances: int = 30  # _COMMON_DEPARTURES quotes this number
     """Held-out instances every training stage is evaluated on (the per-iteration curves, beside
     MAD and CoT on the same instances): the first N of the table's."""
     max_turns: int = 10
