@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.clock import InvocationClock
-from benchmarks.demo_report import render_report, summarize, write_pages, write_plots
+from benchmarks.demo_report import readme_block, render_report, summarize, write_pages, write_plots
 from benchmarks.demo_tasks import DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
 from benchmarks.methods import PlaySettings, build_methods
 from benchmarks.outputs import collect_results, write_outputs
@@ -372,7 +372,6 @@ def _run(
             pending=[s.task for s in pending],
         )  # fmt: skip
         if update_readme_path is not None:
-            from benchmarks.demo_report import readme_block
             from benchmarks.readme import replace_block
 
             replace_block(update_readme_path, "demo", readme_block(demo))

@@ -21,6 +21,9 @@ __all__ = ["DEMO_TASKS", "MAIN_TASK", "TRAINERS", "DemoTask", "eval_settings", "
 TRAINERS: tuple[str, ...] = ("isft", "idpo", "isft-dpo")
 """The three Optima variants, trained on every demo task (table order)."""
 
+STAGE_INSTANCES = 30
+"""Default of :attr:`DemoTask.stage_instances` (the departures quote it)."""
+
 _LABELS = {"isft": "iSFT", "idpo": "iDPO", "isft-dpo": "iSFT-DPO"}
 
 
@@ -60,7 +63,7 @@ class DemoTask:
     eval_instances: int = 100
     """Held-out instances of the table: the baselines and the committed adapters (the first N of
     the split)."""
-    stage_instances: int = 30  # _COMMON_DEPARTURES quotes this number
+    stage_instances: int = STAGE_INSTANCES
     """Held-out instances every training stage is evaluated on (the per-iteration curves, beside
     MAD and CoT on the same instances): the first N of the table's."""
     max_turns: int = 10
@@ -131,9 +134,10 @@ _COMMON_DEPARTURES = (
     "conversations (see the settings), since sampling is most of the compute.",
     "Sizes: the training instances, samples, tree sizes and iterations in the settings below, "
     "against the paper's full training sets; the per-iteration curves show where they stop.",
-    "Per-stage points: every intermediate stage is evaluated on the first 30 of the held-out "
-    "instances (with MAD and CoT on the same 30), not all of them: each stage costs as much as a "
-    "system of the table, and the curves need the trend, not the third decimal.",
+    f"Per-stage points: every intermediate stage is evaluated on the first {STAGE_INSTANCES} of the "
+    f"held-out instances (with MAD and CoT on the same {STAGE_INSTANCES}), not all of them: each "
+    "stage costs as much as a system of the table, and the curves need the trend, not the third "
+    "decimal.",
 )
 
 _COMMON_TRAIN: dict[str, Any] = {
