@@ -40,7 +40,7 @@ from benchmarks.clock import InvocationClock
 from benchmarks.demo_report import readme_block, render_report, summarize, write_pages, write_plots
 from benchmarks.demo_tasks import DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
 from benchmarks.methods import PlaySettings, build_methods
-from benchmarks.outputs import collect_results, write_outputs
+from benchmarks.outputs import collect_results, write_outputs, written_results
 from benchmarks.store import EpisodeStore
 from benchmarks.suites import get_suite
 from benchmarks.units import TaskEntry, open_task, play_methods
@@ -270,6 +270,9 @@ def _play(
         spent += time.perf_counter() - started
         write_json_atomic(timing, {"generate_s": round(spent, 1)})
     results = collect_results([entry], methods, store)
+    kept = written_results(folder, results) if len(store) == resumed else None
+    if kept is not None:  # a rerun with nothing to play keeps the outputs of the run that played
+        return kept
     results.update(
         provenance,
         run_name=f"demo/{spec.name}/{folder.name}",

@@ -2,11 +2,13 @@
 
 :func:`collect_results` reduces every (method, task) to one row from the episodes in the store
 (so a resumed run reports exactly what a run in one go would); :func:`write_outputs` writes
-``results.json``, ``report.md``, the PNG plots and ``viewer.html``.
+``results.json``, ``report.md``, the PNG plots and ``viewer.html``; :func:`written_results` reads
+them back when a rerun has nothing new to write.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,10 +19,10 @@ from benchmarks.plots import plot_scaling, plot_score_vs_tokens
 from benchmarks.report import long_table, render_report
 from benchmarks.store import EpisodeStore
 from benchmarks.viewer import render_viewer
-from optima_env.io import write_json_atomic, write_text_atomic
+from optima_env.io import read_json_object, write_json_atomic, write_text_atomic
 from optima_env.task import metric_name
 
-__all__ = ["collect_results", "write_outputs"]
+__all__ = ["collect_results", "write_outputs", "written_results"]
 
 SCORE_PLOT = "score_vs_tokens.png"
 SCALING_PLOT = "scaling.png"
@@ -153,3 +155,23 @@ def write_outputs(
     write_json_atomic(out / "results.json", results)
     write_text_atomic(out / "report.md", render_report(results, plots=plots, viewer=VIEWER))
     return long_table(results["rows"])
+
+
+def written_results(out: Path, results: dict[str, Any]) -> dict[str, Any] | None:
+    """The results ``write_outputs`` wrote into ``out`` when they hold ``results``'s rows, tasks,
+    methods and curves and every file they name is there, else None (then write them again).
+
+    A resumed run with nothing left to play keeps them as they are, with the provenance (commit,
+    start, wall time, episodes generated) of the invocation that played them.
+    """
+    path = out / "results.json"
+    if not path.is_file():
+        return None
+    written = read_json_object(path)
+    files = written.get("files") or {}
+    names = [files.get("report"), files.get("viewer"), *files.get("plots", [])]
+    if not all(isinstance(n, str) and (out / n).is_file() for n in names):
+        return None
+    keys = ("rows", "tasks", "methods", "curves")
+    same = json.loads(json.dumps({k: results.get(k) for k in keys}))  # as results.json holds them
+    return written if same == {k: written.get(k) for k in keys} else None

@@ -209,7 +209,9 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
     assert "| iSFT-DPO |" in readme.read_text(encoding="utf-8")
 
     episodes = out / "synth" / "eval" / "episodes.jsonl"
-    frozen = {p: p.read_bytes() for p in [episodes, *out.glob("adapters/synth/*/*")]}
+    played = [*out.glob("synth/*/results.json"), *out.glob("synth/*/report.md")]  # eval, stages, scaling
+    assert len(played) == 6
+    frozen = {p: p.read_bytes() for p in [episodes, *out.glob("adapters/synth/*/*"), *played]}
     mtimes = {p: p.stat().st_mtime_ns for p in frozen}
     again = run_demo(out, tasks=[spec], progress=False)
     assert {p: p.read_bytes() for p in frozen} == frozen  # resumed: nothing regenerated

@@ -80,3 +80,17 @@ def test_resuming_with_other_generation_settings_is_refused(bench) -> None:
     bench(*FLAGS)
     with pytest.raises(RunConfigError, match="max_new_tokens"):
         bench(*FLAGS, "--max-new-tokens", "32")
+
+
+def test_written_results_are_kept_only_while_they_hold_the_same_rows_and_files(bench) -> None:
+    from benchmarks.outputs import written_results
+
+    first, out = bench(*FLAGS)
+    played = {k: first[k] for k in ("rows", "tasks", "methods", "curves")}
+    assert written_results(out, played) == json.loads((out / "results.json").read_text())
+    moved = json.loads(json.dumps(played))
+    moved["rows"][0]["score"] = 1.0 - moved["rows"][0]["score"]
+    assert written_results(out, moved) is None  # other rows: written again
+    (out / "viewer.html").unlink()
+    assert written_results(out, played) is None  # a file it names is gone: written again
+    assert written_results(out / "nowhere", played) is None
