@@ -106,9 +106,22 @@ def test_summary_intervals_ratios_and_targets() -> None:
     weak = _row("ckpt:iSFT adapter", "iSFT adapter (r8, 0123abcd)", [0.15] * n, [15.0] * n)
     worse = summarize(spec, {**main, "rows": [mad, cot, weak]}, None, [run], {}, labels={}, finals=finals)
     assert not worse["targets"]["met"]  # 3x MAD but below CoT
+    assert "score 0.150 against CoT's 0.200 (not met)" in readme_block({"command": "c", "train_s": 1.0,
+        "eval_s": 1.0, "report": "r.md", "folder": "f", "tasks": [worse]})  # fmt: skip
+    # each part that misses says by how much
+    long = _row("ckpt:iSFT adapter", "iSFT adapter (r8, 0123abcd)", [0.1] * n, [100.0] * n)
+    missed = summarize(spec, {**main, "rows": [mad, cot, long]}, None, [run], {}, labels={}, finals=finals)
+    line = readme_block({"command": "c", "train_s": 1.0, "eval_s": 1.0, "report": "r.md", "folder": "f",
+                         "tasks": [missed]})  # fmt: skip
+    assert "**not met**: score 2.00x MAD's (not met, 1.00x short of 3x)" in line
+    assert "tokens 50.0% of MAD's (not met, 5.0 times the 10% allowed)" in line
     block = readme_block({"command": "c", "train_s": 60.0, "eval_s": 60.0, "report": "r.md", "folder": "f",
                           "tasks": [{**summary, "plots": ["demo_synth.png"]}]})  # fmt: skip
-    assert "![demo_synth.png](f/demo_synth.png)" in block and "— met." in block
+    assert "![demo_synth.png](f/demo_synth.png)" in block
+    assert (
+        "— met: score 10.00x MAD's (met); tokens 7.5% of MAD's (met); score 0.500 against CoT's 0.200 (met)."
+        in block
+    )
     assert "Still to run" not in block
     partial = readme_block({"command": "c", "train_s": 60.0, "eval_s": 60.0, "report": "r.md", "folder": "f",
                             "tasks": [summary], "pending": ["ie/hotpotqa-v0"]})  # fmt: skip
