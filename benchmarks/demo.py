@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.clock import InvocationClock
-from benchmarks.demo_report import readme_block, render_report, summarize, write_pages, write_plots
+from benchmarks.demo_report import readme_block, summarize, write_pages, write_plots
 from benchmarks.demo_tasks import DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
 from benchmarks.methods import PlaySettings, build_methods
 from benchmarks.outputs import collect_results, write_outputs, written_results
@@ -413,5 +413,5 @@ def _run(
         summary["plots"] = write_plots(summary, out)
         summaries.append(summary)
         demo = publish(specs[i + 1 :])
-    print(render_report(demo))
+    print((out / "report.md").read_text(encoding="utf-8"))  # as write_pages wrote it
     return demo
