@@ -78,15 +78,27 @@ REPO_README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 # -- helpers --------------------------------------------------------------------------------------
-def _git_commit() -> str | None:
+_WRITTEN_BY_RUNS = ("benchmarks/results/", "README.md")
+"""Tracked paths that benchmark runs write themselves (results, the README's blocks): changes there
+do not make a checkout dirty for :func:`_git_commit`."""
+
+
+def _git_commit(root: Path | None = None) -> str | None:
+    """HEAD's commit of the checkout at ``root`` (default: this one), with ``-dirty`` when tracked
+    files other than the runs' own outputs differ from it (the recorded commit then does not hold
+    the code or recipe that ran)."""
+    root = root or Path(__file__).resolve().parents[1]
     try:
-        root = Path(__file__).resolve().parents[1]
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10, cwd=root
+        commands = (["git", "rev-parse", "HEAD"], ["git", "status", "--porcelain", "--untracked-files=no"])
+        head, status = (
+            subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=10, cwd=root).stdout
+            for cmd in commands
         )
-        return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
+    changed = [line[3:].split(" -> ")[-1] for line in status.splitlines() if line.strip()]
+    dirty = any(not path.startswith(_WRITTEN_BY_RUNS) for path in changed)
+    return head.strip() + ("-dirty" if dirty else "")
 
 
 def _checkpoints(specs: tuple[str, ...]) -> dict[str, str]:

@@ -123,3 +123,29 @@ def test_reward_weights_and_task_thresholds_are_set_from_the_command_line(tmp_pa
     bad = _run(*args, "--out", str(tmp_path / "bad"), "--set", "reward.lambda_token=-1")
     assert bad.returncode == 2 and "lambda_token must be a number >= 0" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_recorded_commit_says_dirty_when_code_differs_from_it_but_not_for_the_runs_own_outputs(
+    tmp_path,
+) -> None:
+    from benchmarks.run import _git_commit
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    for name in ("README.md", "recipe.py", "benchmarks/results/results.json"):
+        (tmp_path / name).write_text("v1\n", encoding="utf-8")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "one")
+    head = git("rev-parse", "HEAD")
+    assert _git_commit(tmp_path) == head
+    (tmp_path / "README.md").write_text("v2\n", encoding="utf-8")  # the demo rewrites its block
+    (tmp_path / "benchmarks" / "results" / "results.json").write_text("v2\n", encoding="utf-8")
+    (tmp_path / "untracked.py").write_text("x\n", encoding="utf-8")
+    assert _git_commit(tmp_path) == head
+    (tmp_path / "recipe.py").write_text("v2\n", encoding="utf-8")  # the recipe is not HEAD's
+    assert _git_commit(tmp_path) == f"{head}-dirty"
+    assert _git_commit(tmp_path / "missing") is None  # no checkout there: no commit to record
