@@ -71,7 +71,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """Atomically write ``obj`` as indented JSON."""
-    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    write_text_atomic(path, _dumps(obj, indent=2) + "\n")
 
 
 def append_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> None:
@@ -80,14 +80,25 @@ def append_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as handle:
         for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            handle.write(_dumps(record) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
 
 
 def write_episodes(path: str | os.PathLike[str], episodes: Iterable[Episode]) -> None:
     """Atomically write episodes as JSONL (replacing the file)."""
-    write_text_atomic(path, "".join(json.dumps(e.to_dict(), ensure_ascii=False) + "\n" for e in episodes))
+    write_text_atomic(path, "".join(_dumps(e.to_dict()) + "\n" for e in episodes))
+
+
+def _dumps(obj: Any, **kwargs: Any) -> str:
+    """JSON text with non-ASCII characters kept as they are, except when the text holds a lone
+    surrogate (which UTF-8 cannot encode): then JSON's ``\\u`` escapes, which read back the same."""
+    text = json.dumps(obj, ensure_ascii=False, **kwargs)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj, ensure_ascii=True, **kwargs)
+    return text
 
 
 def read_text(path: str | os.PathLike[str]) -> str:

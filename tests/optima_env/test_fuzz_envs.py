@@ -162,3 +162,15 @@ def test_every_episode_round_trips_through_jsonl(task_id, jsonl_dir, seed, prefi
     path = jsonl_dir / f"{task_id.replace('/', '_')}.jsonl"
     write_episodes(path, [episode, episode])
     assert read_episodes(path) == [episode, episode]
+
+
+def test_text_with_a_lone_surrogate_is_stored_and_read_back_unchanged(tmp_path) -> None:
+    """UTF-8 cannot encode a lone surrogate (hypothesis drew one in a turn); the writers escape it."""
+    from optima_env.io import append_jsonl, read_json_object, read_jsonl, write_json_atomic
+
+    record = {"text": "a\ud800b é"}
+    write_json_atomic(tmp_path / "one.json", record)
+    assert read_json_object(tmp_path / "one.json") == record
+    append_jsonl(tmp_path / "many.jsonl", [record, {"text": "é"}])
+    assert list(read_jsonl(tmp_path / "many.jsonl")) == [record, {"text": "é"}]
+    assert "é" in (tmp_path / "many.jsonl").read_text(encoding="utf-8")  # other lines stay readable
