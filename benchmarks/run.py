@@ -44,7 +44,6 @@ import inspect
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -70,6 +69,7 @@ from optima_env import configtree
 from optima_env.backends.peft_adapter import is_adapter
 from optima_env.errors import OptimaError
 from optima_env.io import write_json_atomic, write_text_atomic
+from optima_trainers.provenance import git_commit
 
 __all__ = ["REPO_README", "RunArgs", "RunConfigError", "main", "parse_args", "run", "vllm_options"]
 
@@ -87,18 +87,7 @@ def _git_commit(root: Path | None = None) -> str | None:
     """HEAD's commit of the checkout at ``root`` (default: this one), with ``-dirty`` when tracked
     files other than the runs' own outputs differ from it (the recorded commit then does not hold
     the code or recipe that ran)."""
-    root = root or Path(__file__).resolve().parents[1]
-    try:
-        commands = (["git", "rev-parse", "HEAD"], ["git", "status", "--porcelain", "--untracked-files=no"])
-        head, status = (
-            subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=10, cwd=root).stdout
-            for cmd in commands
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    changed = [line[3:].split(" -> ")[-1] for line in status.splitlines() if line.strip()]
-    dirty = any(not path.startswith(_WRITTEN_BY_RUNS) for path in changed)
-    return head.strip() + ("-dirty" if dirty else "")
+    return git_commit(root or Path(__file__).resolve().parents[1], ignore=_WRITTEN_BY_RUNS)
 
 
 def _checkpoints(specs: tuple[str, ...]) -> dict[str, str]:

@@ -16,7 +16,8 @@ masked examples), :mod:`~optima_trainers.sft` (SFT on TRL), :mod:`~optima_traine
 :mod:`~optima_trainers.tree` / :mod:`~optima_trainers.pairs` / :mod:`~optima_trainers.dpo` (iDPO data
 and training), :mod:`~optima_trainers.tree_stage` (tree-stage generation), :mod:`~optima_trainers.loop`
 (the host loop), :mod:`~optima_trainers.runs` and :mod:`~optima_trainers.checkpoint` (persistence and
-resume), :mod:`~optima_trainers.plugin` (hook registrations), :mod:`~optima_trainers.cli` (command line).
+resume), :mod:`~optima_trainers.provenance` (the git commit a run records), :mod:`~optima_trainers.plugin`
+(hook registrations), :mod:`~optima_trainers.cli` (command line).
 """
 
 from __future__ import annotations

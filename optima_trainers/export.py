@@ -42,7 +42,6 @@ import logging
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,6 +60,7 @@ from optima_env.backends.peft_adapter import (
 from optima_env.errors import DataError, OptimaError, TaskContractError, require
 from optima_env.models import source_folder
 from optima_trainers.checkpoint import is_complete, require_complete
+from optima_trainers.provenance import git_commit
 
 __all__ = ["DTYPES", "FORMAT", "TOLERANCE", "build_parser", "export_lora", "main"]
 
@@ -351,18 +351,6 @@ def _replace(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _git_commit() -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=Path.cwd()
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if done.returncode != 0:
-        return None
-    return done.stdout.strip() or None
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m optima_trainers.export``."""
     parser = argparse.ArgumentParser(
@@ -386,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     provenance = {
         "command": shlex.join(["python", "-m", "optima_trainers.export", *argv]),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(Path.cwd()),
         "model": ns.model,
     }
     try:
