@@ -17,6 +17,7 @@ method             what it plays
 ``mad``            the untrained multi-agent system, greedy, with natural-language prompts
 ``autoform``       the same multi-agent system, told to use concise non-natural-language formats
 ``ckpt:<NAME>``    a trained checkpoint as the multi-agent system with the task's own prompts, greedy
+                   (a local folder's key ends in ``@`` and its content digest: :func:`checkpoint_key`)
 ``scaling:<m>``    ``K`` samples of method ``m`` at temperature 0.5; per k = 1..K the majority vote
                    (F1 >= 0.9 for information exchange, exact match otherwise), the coverage (best
                    of k) and the total tokens (spec §8.3)
@@ -36,9 +37,11 @@ import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from benchmarks.prompts import AUTOFORM_STYLE, NATURAL_STYLE, answer_format, cot_prompt, styled_prompt
+from optima_env.backends.peft_adapter import content_hash
 from optima_env.errors import TaskContractError
 from optima_env.families.scoring import score_with_tokenizer, scorer_name
 from optima_env.policy import SamplingParams
@@ -53,6 +56,7 @@ __all__ = [
     "SingleAgentTask",
     "StyledTask",
     "build_methods",
+    "checkpoint_key",
     "scaling_curve",
     "vote",
 ]
@@ -319,6 +323,17 @@ def _base(name: str, s: PlaySettings) -> Method:
     raise TaskContractError(f"unknown method {name!r}; expected one of {', '.join(BASE_METHODS)}")
 
 
+def checkpoint_key(name: str, path: str) -> str:
+    """The unit-key id of checkpoint ``name`` at ``path``: ``ckpt:<name>@<digest>``, the first 12
+    hex digits of the folder's content hash (:func:`optima_env.backends.peft_adapter.content_hash`:
+    its files, and an adapter's base). A checkpoint retrained or re-exported into the same folder
+    gets a new key, so a resumed run plays it again instead of reporting the old model's episodes.
+    A model that is not a local folder (a hub name, ``embedded``, ``scripted``) is ``ckpt:<name>``."""
+    if not Path(path).is_dir():
+        return f"ckpt:{name}"
+    return f"ckpt:{name}@{content_hash(path)[:12]}"
+
+
 def build_methods(
     names: Sequence[str],
     checkpoints: Mapping[str, str],
@@ -335,7 +350,7 @@ def build_methods(
     for name, path in checkpoints.items():
         methods.append(
             Method(
-                key=f"ckpt:{name}",
+                key=checkpoint_key(name, path),
                 label=name,
                 agents="multi",
                 style=None,

@@ -94,3 +94,25 @@ def test_written_results_are_kept_only_while_they_hold_the_same_rows_and_files(b
     (out / "viewer.html").unlink()
     assert written_results(out, played) is None  # a file it names is gone: written again
     assert written_results(out / "nowhere", played) is None
+
+
+def test_a_checkpoint_changed_in_place_is_played_again_not_resumed(bench, tmp_path) -> None:
+    from tests.optima_trainers.tiny_model import make_tiny_model
+
+    folder = make_tiny_model(tmp_path / "ckpt", seed=0)
+    flags = ("--model", "scripted", "--methods", "mad", "--episodes", "2", "--max-new-tokens", "4")
+    flags += ("--checkpoint", f"T={folder}")
+    first, out = bench(*flags)
+    assert first["units"] == {"generated": 4, "resumed": 0}
+    (key,) = {m["key"] for m in first["methods"]} - {"mad"}
+    assert key.startswith("ckpt:T@") and len(key) == len("ckpt:T@") + 12
+    assert bench(*flags)[0]["units"] == {"generated": 0, "resumed": 4}  # same weights: resumed
+
+    make_tiny_model(folder, seed=1)  # retrained into the same folder
+    third, _ = bench(*flags)
+    assert third["units"] == {"generated": 2, "resumed": 4}  # only T's two episodes are new
+    (new_key,) = {m["key"] for m in third["methods"]} - {"mad"}
+    assert new_key.startswith("ckpt:T@") and new_key != key
+    played = {e.metadata["method"] for e in read_episodes(out / "episodes.jsonl")}
+    assert played == {"mad", key, new_key}  # the old model's episodes stay on file, unreported
+    assert {r["method"]: r["episodes"] for r in third["rows"]} == {"MAD": 2, "T": 2}
