@@ -9,6 +9,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+__all__ = ["git_commit"]
+
 
 def git_commit(root: Path, *, ignore: tuple[str, ...] = ()) -> str | None:
     """HEAD's commit of the checkout at ``root``, ending in ``-dirty`` when a tracked file differs
