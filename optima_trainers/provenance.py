@@ -28,5 +28,5 @@ def git_commit(root: Path, *, ignore: tuple[str, ...] = ()) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     changed = [line[3:].split(" -> ")[-1] for line in status.splitlines() if line.strip()]
-    dirty = any(not path.startswith(ignore) for path in changed) if ignore else bool(changed)
-    return head.strip() + ("-dirty" if dirty else "") if head.strip() else None
+    dirty = any(not path.startswith(ignore) for path in changed)  # startswith(()) is False
+    return head.strip() + ("-dirty" if dirty else "")
