@@ -17,7 +17,11 @@ _BOX_OPENERS = re.compile(r"\\(?:boxed|fbox)\{")
 _BRACES = re.compile(r"[{}]")
 _TAG_NAME = re.compile(r"[^\s<>/]+")
 _SPEAKER = re.compile(r"^\s*[^\s:]{1,40}:")
-_ANSWER_PHRASE = re.compile(r"\banswer(?:\s+is|\s*:)[\s*\"']*([^\n.,;!?<>\"*]+)", re.IGNORECASE)
+_ANSWER_PHRASE = re.compile(
+    r"\banswer(?:\s+is\s*:?|\s*:)[\s*\"']*([^\s.,;!?<>\"*:][^\n.,;!?<>\"*]*)", re.IGNORECASE
+)
+"""``Answer: x`` / ``answer is x`` / ``answer is: x``; the phrase may follow on the next line and
+never starts with a colon (``answer is:`` at a line's end is not the answer ``:``)."""
 
 
 def extract_tagged(text: str, tag: str = "A", *, strip: bool = True) -> str | None:
@@ -133,6 +137,8 @@ def extract_answer_phrase(text: str, *, whole_text: bool = False) -> str | None:
     'Pimmelville'
     >>> extract_answer_phrase("Answer: **Kora Labs**")
     'Kora Labs'
+    >>> extract_answer_phrase("The answer is:\\n\\nBath, Maine.")
+    'Bath'
     >>> extract_answer_phrase("Answer: x <A>Lyon</A>")
     'Lyon'
     >>> extract_answer_phrase("no answer here") is None

@@ -106,6 +106,30 @@ def test_extract_tagged_rejects_non_text(bad):
         extract_tagged(bad)
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Bob: the answer is Pimmelville. Thanks!", "Pimmelville"),
+        ("Answer: **Kora Labs**", "Kora Labs"),
+        ("Answer:\nTesford", "Tesford"),  # on the next line
+        ("The answer is: Tesford.", "Tesford"),  # no leading colon in the phrase
+        ("The answer is:\n\nTesford is in Kora.", "Tesford is in Kora"),  # was ':', scored 0
+        ("Answer: 10:30", "10:30"),  # a colon inside the phrase stays
+        ("the answer is: Lyon <A>Tesford</A>", "Tesford"),  # the tag first
+    ],
+)
+def test_extract_answer_phrase_cases(text, expected):
+    assert scoring.extract_answer_phrase(text) == expected
+
+
+@pytest.mark.parametrize("text", ["the answer is:", "Answer: :", "answer is:\n"])
+def test_an_answer_marker_without_a_phrase_falls_back_to_the_whole_turn(text):
+    """``answer is:`` with nothing after it is no answer (it used to read ``:``, a certain 0): the
+    lenient reading then takes the whole turn, or None without ``whole_text``."""
+    assert scoring.extract_answer_phrase(text) is None
+    assert scoring.extract_answer_phrase(f"Bob: {text}", whole_text=True) == text.strip()
+
+
 def test_extract_tagged_rejects_bad_tag():
     with pytest.raises(ScoringError, match="tag name"):
         extract_tagged("<A>x</A>", tag="<A>")
