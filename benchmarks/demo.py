@@ -3,6 +3,9 @@
 For each demo task (:data:`benchmarks.demo_tasks.DEMO_TASKS`: the embedded synthetic task at a
 setting where no agent can answer alone, then HotpotQA when its data is present):
 
+0. **baselines**: the untrained CoT, SC, MAD and AutoForm on the held-out instances, before any
+   training (``<out>/<task>/baselines/``, their episodes in the table's store): they do not depend
+   on training, so they are played once, and a setting where MAD scores near zero shows early.
 1. **train** iSFT, iDPO and iSFT-DPO with the embedded model (SmolLM2-135M-Instruct; LoRA, fp32,
    the trainers' cpu profile plus the task's overrides), each in ``<out>/<task>/train/<trainer>``.
    The initialization (M_0, spec §4) has the same settings for the three, so it is trained once,
@@ -14,14 +17,19 @@ setting where no agent can answer alone, then HotpotQA when its data is present)
    :func:`optima_trainers.export.export_lora`); these are the committed adapters that the
    README's main command evaluates.
 3. **evaluate** on held-out instances (the test split; HotpotQA's is the dev set), greedy, with the
-   same caps for every system: the table (the baselines CoT, SC, MAD and AutoForm, untrained, and
-   each run's exported adapter) on all ``eval_instances``, then every stage of every run on the
+   same caps for every system: the table (the baselines, resumed from step 0, and each run's
+   exported adapter) on all ``eval_instances``, then every stage of every run on the
    first ``stage_instances`` of them, beside MAD and CoT (the curves), then the inference-scaling
    curves of MAD and the best trained system. The episodes go to ``<out>/<task>/eval/`` (the
    stages' too; resumable), the stages' and the scaling results to ``stages/`` and ``scaling/``.
 4. **report**: ``report.md`` (Table-1-style, 95% bootstrap intervals on every score and ratio,
    per-iteration curves, the recipe's departures from the spec, the compute summed over every
    invocation), ``demo.json`` and the plots; with ``--update-readme`` the README's demo block.
+
+What a fresh clone resumes: the episode stores, their ``timing.json`` and ``invocations.json``
+are committed with the results (see ``.gitignore``), so the evaluation, hours of it on HotpotQA,
+and the compute account survive a new checkout; the training folders are not (each stage is a
+full fp32 model, about 540 MB), so a clone without them trains again.
 """
 
 from __future__ import annotations
@@ -29,16 +37,15 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.clock import InvocationClock
 from benchmarks.demo_report import readme_block, summarize, write_pages, write_plots
 from benchmarks.demo_tasks import DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
+from benchmarks.demo_train import TrainedRun, adapter_dir, export_run, train_run
 from benchmarks.methods import PlaySettings, build_methods
 from benchmarks.outputs import collect_results, write_outputs, written_results
 from benchmarks.store import EpisodeStore
@@ -52,152 +59,6 @@ from optima_env.io import read_json_object, write_json_atomic
 __all__ = ["TrainedRun", "adapter_dir", "adapter_label", "row_labels", "run_demo"]
 
 logger = logging.getLogger("benchmarks.demo")
-
-_SHARED = "shared_init.json"
-"""Marker in a run folder whose initialization stage was copied from the iSFT run."""
-
-
-@dataclass(frozen=True)
-class TrainedRun:
-    """One finished training run of the demo."""
-
-    trainer: str
-    stages: tuple[tuple[str, str], ...]
-    """``(stage name, checkpoint folder)`` in order."""
-    metrics: tuple[Mapping[str, Any], ...]
-    """The run's per-stage metrics (``metrics.jsonl``)."""
-    shared: str | None
-    """The stage copied from the iSFT run (its compute is counted there), if any."""
-    config: Mapping[str, Any]
-    """The run's configuration (``config.json``)."""
-
-    def compute_s(self) -> float:
-        """Seconds of the stages this run computed itself (summed over invocations)."""
-        return sum(
-            v
-            for m in self.metrics
-            if m.get("stage") != self.shared
-            for k, v in m.items()
-            if k.startswith("time/")
-        )
-
-
-def adapter_dir(out: Path, task: str, trainer: str) -> Path:
-    """Where the demo writes (and the main command reads) the adapter of ``trainer`` on ``task``."""
-    return out / "adapters" / task / trainer
-
-
-def _config(spec: DemoTask, trainer: str) -> Any:
-    from optima_trainers.config import resolve_config
-
-    return resolve_config(
-        spec.task,
-        trainer,
-        task_kwargs=dict(spec.task_kwargs),
-        model=spec.model,
-        overrides=spec.config_overrides(trainer),
-    )
-
-
-def _open_run(spec: DemoTask, trainer: str, folder: Path) -> tuple[Any, Any]:
-    from optima_trainers.runs import RunDir
-
-    config = _config(spec, trainer)
-    if not (folder / "config.json").is_file():
-        return RunDir.create(config, run_dir=folder), config
-    run_dir, stored = RunDir.open(folder)
-    now = config.to_dict()
-    differ = {
-        k: (v, now.get(k)) for k, v in stored.to_dict().items() if k != "iterations" and now.get(k) != v
-    }
-    if differ:
-        raise TaskContractError(
-            f"{folder} holds a {trainer} run with other settings than the demo's {spec.name!r} task "
-            f"(stored, now): {differ}; only the number of iterations may change on resume: "
-            "use another --out or delete the folder"
-        )
-    return run_dir, config
-
-
-def _same_init(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two runs' configs give the same initialization stage (all but the trainer's own parts)."""
-    own = ("trainer", "iterations", "options", "tree", "dpo")
-    return {k: v for k, v in a.items() if k not in own} == {k: v for k, v in b.items() if k not in own}
-
-
-def _share_init(source: Path, source_stage: str, run_dir: Any, stage: str) -> None:
-    """Copy the finished initialization ``source/source_stage`` into ``run_dir`` as ``stage``
-    (hard links; written under a temporary name and renamed, so a crash leaves no half stage)."""
-    from optima_trainers.runs import read_stage_result
-
-    target = run_dir.root / stage
-    tmp = run_dir.root / f".{stage}.sharing"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source / source_stage, tmp, copy_function=os.link)
-    record = read_stage_result(tmp / "result.json")
-    if record["model"].startswith(f"{source_stage}/"):
-        record["model"] = stage + record["model"][len(source_stage) :]
-    write_json_atomic(tmp / "result.json", record)
-    # the marker first: a crash before the rename leaves no finished stage, so it is copied again
-    write_json_atomic(run_dir.root / _SHARED, {"stage": stage, "from": str(source / source_stage)})
-    shutil.rmtree(target, ignore_errors=True)  # an unfinished stage of its own, never a finished one
-    tmp.rename(target)
-
-
-def _train(
-    spec: DemoTask, root: Path, trainer: str, first: TrainedRun | None, *, progress: bool
-) -> TrainedRun:
-    """Train (or resume) one run; its initialization is copied from ``first`` when they agree."""
-    from optima_trainers.loop import IterativeTrainer, plan_stages
-    from optima_trainers.runs import read_stage_result
-
-    folder = root / "train" / trainer
-    run_dir, config = _open_run(spec, trainer, folder)
-    stages = plan_stages(config)
-    init = stages[0]
-    marker = folder / _SHARED
-    if (
-        first is not None
-        and init.init
-        and not (folder / init.name / "result.json").is_file()
-        and _same_init(first.config, config.to_dict())
-    ):
-        source = root / "train" / first.trainer
-        _share_init(source, first.stages[0][0], run_dir, init.name)
-    shared = read_json_object(marker)["stage"] if marker.is_file() else None
-    metrics = IterativeTrainer(config, run_dir=run_dir, progress=progress).run()
-    done = []
-    for stage in stages:
-        record = read_stage_result(folder / stage.name / "result.json")
-        done.append((stage.name, str(run_dir.model_path(record["model"]))))
-    return TrainedRun(
-        trainer=trainer,
-        stages=tuple(done),
-        metrics=tuple(metrics),
-        shared=shared,
-        config=config.to_dict(),
-    )
-
-
-def _export(spec: DemoTask, out: Path, run: TrainedRun, *, command: str, git_commit: str) -> dict[str, Any]:
-    from optima_trainers.export import export_lora
-
-    stage, checkpoint = run.stages[-1]
-    return export_lora(
-        spec.model,
-        checkpoint,
-        adapter_dir(out, spec.name, run.trainer),
-        rank=spec.adapter_rank,
-        provenance={
-            "command": command,
-            "git_commit": git_commit,
-            "task": spec.task,
-            "task_kwargs": dict(spec.task_kwargs),
-            "trainer": run.trainer,
-            "stage": stage,
-            "config": dict(run.config),
-        },
-    )
 
 
 def row_labels(runs: Sequence[TrainedRun]) -> dict[tuple[str, str], str]:
@@ -292,6 +153,22 @@ def _play(
     return results
 
 
+def _baselines(
+    spec: DemoTask, root: Path, *, concurrency: int, provenance: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The untrained baselines on the table's instances, played before any training: their episodes
+    go to the table's store (the evaluation resumes them), and a setting where MAD scores near zero
+    shows in ``baselines/report.md`` before hours of training are spent on it."""
+    settings = eval_settings(spec)
+    methods = build_methods(spec.baselines, {}, settings)
+    logger.info("demo %s: the untrained baselines on %d held-out instances", spec.name, spec.eval_instances)
+    store = root / "eval" / "episodes.jsonl"
+    return _play(
+        spec, root / "baselines", methods, settings, spec.eval_instances, concurrency=concurrency,
+        provenance=provenance, episodes=store,
+    )  # fmt: skip
+
+
 def _evaluate(
     spec: DemoTask,
     root: Path,
@@ -349,12 +226,25 @@ def run_demo(
         )
     out.mkdir(parents=True, exist_ok=True)
     with InvocationClock(out / "invocations.json"):
-        return _run(out, specs, concurrency, update_readme_path, command, git_commit, threads, progress)
+        return _run(
+            out, specs, tasks, concurrency, update_readme_path, command, git_commit, threads, progress
+        )
+
+
+def _published(out: Path, tasks: Sequence[DemoTask], specs: Sequence[DemoTask]) -> list[dict[str, Any]]:
+    """The summaries ``demo.json`` holds of the demo tasks this invocation does not run (``--task``
+    picks some), kept as published, so that one task's run does not drop the other's table."""
+    path = out / "demo.json"
+    if not path.is_file() or len(specs) == len(tasks):
+        return []
+    others = {s.task for s in tasks} - {s.task for s in specs}
+    return [t for t in read_json_object(path).get("tasks", []) if t.get("task") in others]
 
 
 def _run(
     out: Path,
     specs: Sequence[DemoTask],
+    tasks: Sequence[DemoTask],
     concurrency: int,
     update_readme_path: Path | None,
     command: str,
@@ -365,13 +255,15 @@ def _run(
     started = time.time()
     provenance = {"git_commit": git_commit, "command": command.split()}
     summaries: list[dict[str, Any]] = []
-    units = sum(len(s.trainers) + 1 for s in specs)
+    units = sum(len(s.trainers) + 2 for s in specs)
+    kept, order = _published(out, tasks, specs), [s.task for s in tasks]
     done = 0
 
     def publish(pending: Sequence[DemoTask]) -> dict[str, Any]:
         """demo.json, report.md and (with ``update_readme_path``) the README block, so far."""
+        shown = sorted([*kept, *summaries], key=lambda t: order.index(t["task"]))  # the demo's order
         demo = write_pages(
-            out, summaries, command=command, git_commit=git_commit, started=started, threads=threads,
+            out, shown, command=command, git_commit=git_commit, started=started, threads=threads,
             pending=[s.task for s in pending],
         )  # fmt: skip
         if update_readme_path is not None:
@@ -389,17 +281,20 @@ def _run(
             entry = TaskEntry(task=spec.task)
             entry.miss(exc)
             summaries.append(summarize(spec, None, None, [], {}, status=(entry.status, entry.reason)))
-            done += len(spec.trainers) + 1
+            done += len(spec.trainers) + 2
             demo = publish(specs[i + 1 :])
             continue
+        done += 1
+        print(f"[demo {done}/{units}] {spec.name}: evaluating the untrained baselines", flush=True)
+        baselines = _baselines(spec, root, concurrency=concurrency, provenance=provenance)
         runs: list[TrainedRun] = []
         exports: dict[str, dict[str, Any]] = {}
         for trainer in spec.trainers:
             done += 1
             print(f"[demo {done}/{units}] {spec.name}: training {trainer_label(trainer)}", flush=True)
-            run = _train(spec, root, trainer, runs[0] if runs else None, progress=progress)
+            run = train_run(spec, root, trainer, runs[0] if runs else None, progress=progress)
             runs.append(run)
-            manifest = _export(spec, out, run, command=command, git_commit=git_commit)
+            manifest = export_run(spec, out, run, command=command, git_commit=git_commit)
             exports[trainer] = {**manifest, "folder": str(adapter_dir(out, spec.name, trainer))}
         done += 1
         print(f"[demo {done}/{units}] {spec.name}: evaluating", flush=True)
@@ -408,8 +303,9 @@ def _run(
         )
         finals = {adapter_label(r.trainer, exports[r.trainer]): trainer_label(r.trainer) for r in runs}
         summary = summarize(
-            spec, main, curves, runs, exports, stages=stages, labels=row_labels(runs), finals=finals
-        )
+            spec, main, curves, runs, exports, stages=stages, labels=row_labels(runs), finals=finals,
+            baselines=baselines,
+        )  # fmt: skip
         summary["plots"] = write_plots(summary, out)
         summaries.append(summary)
         demo = publish(specs[i + 1 :])

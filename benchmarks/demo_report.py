@@ -62,6 +62,7 @@ def summarize(
     labels: Mapping[tuple[str, str], str] | None = None,
     finals: Mapping[str, str] | None = None,
     status: tuple[str, str] | None = None,
+    baselines: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The summary of one task (``demo.json``'s entry): rows with intervals, curves, targets.
 
@@ -69,7 +70,8 @@ def summarize(
     the first held-out instances with MAD and CoT on the same ones (the curves). ``labels`` maps
     every (trainer, stage) of ``runs`` to its row in ``stages`` (:func:`benchmarks.demo.row_labels`),
     ``finals`` the row of each run's committed adapter to the run's name (``iSFT``): those rows
-    are the trained systems of the table.
+    are the trained systems of the table. ``baselines`` is the untrained baselines' pass before
+    training (its episodes are the table's; only its generation time is added here).
     """
     summary: dict[str, Any] = {
         "task": spec.task,
@@ -86,6 +88,7 @@ def summarize(
     if main is None:
         return summary
     rows, stage_rows = _rows(main), _rows(stages) if stages else []
+    played = (baselines, main, stages, scaling)  # each phase's generation time, from its timing.json
     for row in rows:
         row["final_of"] = (finals or {}).get(row["method"])
     by_label = {r["method"]: r for r in stage_rows}
@@ -100,7 +103,7 @@ def summarize(
             for t, m in exports.items()
         },
         train_s=round(sum(r.compute_s() for r in runs), 1),
-        eval_s=round(sum((r or {}).get("eval_generate_s", 0.0) for r in (main, stages, scaling)), 1),
+        eval_s=round(sum((r or {}).get("eval_generate_s", 0.0) for r in played), 1),
         scaling=(scaling or {}).get("curves", {}).get(spec.task, {}),
         targets=_targets(spec, rows),
     )

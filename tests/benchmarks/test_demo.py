@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -221,9 +222,16 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
     assert all((out / p).stat().st_size > 1000 for p in summary["plots"])
     assert "| iSFT-DPO |" in readme.read_text(encoding="utf-8")
 
+    # the baselines were played before training, into the table's store, which the table resumed
+    first = json.loads((out / "synth" / "baselines" / "results.json").read_text(encoding="utf-8"))
+    assert [r["method"] for r in first["rows"]] == methods[:4]
+    assert [r["score"] for r in first["rows"]] == [r["score"] for r in summary["rows"][:4]]
+    assert first["units"]["resumed"] == 0 and not (out / "synth" / "baselines" / "episodes.jsonl").exists()
+    table = json.loads((out / "synth" / "eval" / "results.json").read_text(encoding="utf-8"))
+    assert table["units"]["resumed"] == first["units"]["generated"]
     episodes = out / "synth" / "eval" / "episodes.jsonl"
-    played = [*out.glob("synth/*/results.json"), *out.glob("synth/*/report.md")]  # eval, stages, scaling
-    assert len(played) == 6
+    played = [*out.glob("synth/*/results.json"), *out.glob("synth/*/report.md")]  # + eval, stages, scaling
+    assert len(played) == 8
     frozen = {p: p.read_bytes() for p in [episodes, *out.glob("adapters/synth/*/*"), *played]}
     mtimes = {p: p.stat().st_mtime_ns for p in frozen}
     again = run_demo(out, tasks=[spec], progress=False)
@@ -280,3 +288,24 @@ def test_a_task_without_its_data_is_reported_and_the_readme_names_what_is_left(t
         and text == f"intro\n<!-- begin demo -->\n{blocks[1]}<!-- end demo -->\n"
     )
     assert json.loads((out / "demo.json").read_text(encoding="utf-8"))["tasks"][0]["status"] == "data missing"
+
+
+def test_a_run_of_one_task_keeps_the_other_tasks_published_tables(tmp_path, monkeypatch) -> None:
+    """``--task hotpotqa`` rewrites HotpotQA's entry of demo.json, report.md and the README block
+    and keeps the other task's as it was published (in the demo's order), not drop it."""
+    monkeypatch.setenv("OPTIMA_DATA_DIR", str(tmp_path / "no-data"))
+    hotpot = next(s for s in DEMO_TASKS if s.name == "hotpotqa")
+    wiki = replace(hotpot, name="wiki", task="ie/2wikimultihopqa-v0")
+    out = tmp_path / "demo"
+    run_demo(out, tasks=[wiki, hotpot], progress=False)
+    published = json.loads((out / "demo.json").read_text(encoding="utf-8"))
+    published["tasks"][0]["reason"] = "as published before"  # what the next run must keep
+    (out / "demo.json").write_text(json.dumps(published), encoding="utf-8")
+
+    demo = run_demo(out, names=["hotpotqa"], tasks=[wiki, hotpot], progress=False)
+    assert [t["task"] for t in demo["tasks"]] == ["ie/2wikimultihopqa-v0", "ie/hotpotqa-v0"]
+    assert demo["tasks"][0] == published["tasks"][0]
+    assert demo["tasks"][1]["reason"] != "as published before"
+    assert "as published before" in (out / "report.md").read_text(encoding="utf-8")
+    alone = run_demo(tmp_path / "fresh", names=["hotpotqa"], tasks=[wiki, hotpot], progress=False)
+    assert [t["task"] for t in alone["tasks"]] == ["ie/hotpotqa-v0"]  # nothing published to keep
