@@ -201,6 +201,7 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
             "generation.max_turns": 4,
             "generation.max_new_tokens": 64,
             "generation.diverse_init": False,
+            "sft.train_capped_turns": False,
             "tree.instances": 8,
             "tree.selections": 4,
             "tree.rollouts": 3,
@@ -226,6 +227,14 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
             "per iteration: with the reference's thresholds iDPO's first iteration on 8 trees found "
             "no pair (its 96 tree conversations reached a reward of at most 0.29, so no node passed 0.4) "
             "and the model carried over unchanged.",
+            "SFT does not train on turns that ran to the 64-token training cap "
+            "(sft.train_capped_turns off; they stay as context): their end-of-message marker is the "
+            "cap's, not the model's. Half the untrained turns on the first 100 dev rows are longer "
+            "than 64 tokens (CoT 55 of 100, SC 394 of 800), and the adapter of the run that trained "
+            "on them (before this setting) never learned to stop: on the first 6 dev rows 9 of its 17 "
+            "turns ran to the evaluation's 256-token cap and 14 repeated a line (0.017 F1 at 629 "
+            "tokens per episode on 79 rows, against MAD's 0.040 at 312). The reference's 2000-token "
+            "cap is rarely reached, so it has no such turns to train on.",
             "No inference-scaling figure for HotpotQA (the synthetic task's stands for both).",
         ),
     ),

@@ -123,6 +123,7 @@ def train_sft_stage(config: TrainConfig, data: StageData, start_model: str, outp
         message_format=config.generation.message_format,
         max_length=config.sft.max_length,
         seed=config.seed,
+        max_turn_tokens=None if config.sft.train_capped_turns else config.generation.max_new_tokens,
     )
     fixed = set(config.generation.agent_models)  # roles that speak with a fixed model do not train
     if fixed:

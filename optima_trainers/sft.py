@@ -71,6 +71,12 @@ class SFTTrainConfig:
     restart_from_base: bool = False
     """Every SFT stage starts from the base model (debate tasks, spec §5 item 8) instead of the
     previous stage's model; the initialization always starts from the base model."""
+    train_capped_turns: bool = True
+    """Train on turns that ran to the generation cap (``generation.max_new_tokens``). With
+    ``False`` such a turn stays in the conversation as context but is not a target: its
+    end-of-message marker is where the cap cut it, not where the model stopped, so training on it
+    teaches a stop the model never made. The reference's cap (2000 tokens) is rarely reached, so
+    it trains every turn; a short cap (the cpu profile's) cuts many."""
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "per_device_batch_size", "max_length", "lora_r", "lora_alpha"):

@@ -214,19 +214,28 @@ def build_sft_examples(
     message_format: Literal["code", "alternating"] = "code",
     max_length: int | None = None,
     seed: int = 42,
+    max_turn_tokens: int | None = None,
 ) -> tuple[list[MaskedExample], dict[str, int]]:
     """One masked example per agent per episode, shuffled with ``seed`` (spec §5 item 5).
 
+    With ``max_turn_tokens`` (the generation cap; ``sft.train_capped_turns=False``), an own turn
+    of at least that many tokens is context, not a target: the cap cut it.
+
     Returns:
-        ``(examples, counts)``; ``counts`` says how many examples were built and how many were
-        left out because the agent had no turn or truncation removed all of its tokens (nothing is
-        dropped silently: the counts go to the metrics and the log).
+        ``(examples, counts)``; ``counts`` says how many examples were built, how many own turns
+        were left untrained as capped, and how many views were left out because the agent had no
+        (uncapped) turn or truncation removed all of its tokens (nothing is dropped silently: the
+        counts go to the metrics and the log).
     """
     examples: list[MaskedExample] = []
-    counts = {"examples": 0, "skipped_no_turn": 0, "skipped_truncated": 0}
+    counts = {"examples": 0, "skipped_no_turn": 0, "skipped_truncated": 0, "capped_turns": 0}
     for episode in episodes:
         for agent in episode.agents:
             messages, own = conversation_messages(episode, agent, message_format=message_format)
+            if max_turn_tokens is not None:  # message i is turn i - 1 (the system message first)
+                kept = [i for i in own if episode.turns[i - 1].num_tokens < max_turn_tokens]
+                counts["capped_turns"] += len(own) - len(kept)
+                own = kept
             if not own:
                 counts["skipped_no_turn"] += 1
                 continue
@@ -248,8 +257,8 @@ def build_sft_examples(
     skipped = counts["skipped_no_turn"] + counts["skipped_truncated"]
     if skipped:
         logger.warning(
-            "left out %d of %d agent views (%d: the agent never spoke; %d: nothing trained after "
-            "truncation to max_length=%s)",
+            "left out %d of %d agent views (%d: the agent never spoke, or only in turns the "
+            "generation cap cut; %d: nothing trained after truncation to max_length=%s)",
             skipped,
             skipped + len(examples),
             counts["skipped_no_turn"],

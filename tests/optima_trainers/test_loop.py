@@ -221,6 +221,24 @@ def test_hook_optima_train_stage(idpo_run) -> None:
     assert Stage(name="x", kind="sft", number=0).start == "previous"
 
 
+def test_sft_train_capped_turns_off_leaves_the_turns_the_cap_cut_untrained(tmp_path: Path) -> None:
+    """``sft.train_capped_turns=False`` reaches the SFT stage with the generation cap: the selected
+    own turns of ``generation.max_new_tokens`` tokens or more are counted and not trained."""
+    pytest.importorskip("trl")
+    model = make_tiny_model(tmp_path / "tiny")
+    config = resolve_config(
+        "ie/synth-v0", "isft", profile="cpu", model=str(model), iterations=1,
+        overrides={"generation.instances": 2, "generation.num_samples": 2, "generation.max_turns": 2,
+                   "generation.max_new_tokens": 6, "sft.max_steps": 1, "selection.theta": -100.0,
+                   "sft.train_capped_turns": False},
+    )  # fmt: skip
+    run = RunDir.create(config, run_dir=tmp_path / "run")
+    (record,) = IterativeTrainer(config, run_dir=run, progress=False).run()
+    selected = read_episodes(tmp_path / "run" / "iter_00" / "selected.jsonl")
+    capped = sum(t.num_tokens >= 6 for e in selected for t in e.turns)
+    assert selected and capped >= 1 and record["train/capped_turns"] == capped
+
+
 def test_one_role_trains_while_the_other_speaks_with_a_fixed_model(tmp_path: Path) -> None:
     """``generation.agent_models``: Bob speaks with his own fixed model; only Alice's turns train."""
     pytest.importorskip("trl")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -189,7 +190,7 @@ def test_conversation_uses_base_prompt_and_roles() -> None:
 
 def test_build_sft_examples_one_per_agent_with_own_turns_only(chatml) -> None:
     examples, counts = build_sft_examples([_episode()], chatml)
-    assert counts == {"examples": 2, "skipped_no_turn": 0, "skipped_truncated": 0}
+    assert counts == {"examples": 2, "skipped_no_turn": 0, "skipped_truncated": 0, "capped_turns": 0}
     by_agent = {e.agent: e for e in examples}
     trained = {
         a: chatml.decode([t for t, m in zip(e.input_ids, e.assistant_masks) if m])
@@ -205,3 +206,22 @@ def test_truncation_that_removes_every_trained_token_is_counted(chatml) -> None:
     examples, counts = build_sft_examples([_episode()], chatml, max_length=12)
     assert examples == []
     assert counts["skipped_truncated"] == 2
+
+
+def test_a_turn_the_generation_cap_cut_is_context_not_a_target(chatml) -> None:
+    """``sft.train_capped_turns=False``: a turn of at least ``max_turn_tokens`` tokens stays in the
+    conversation (the partner answered it) but is not trained, so no cut turn teaches a stop."""
+    episode = _episode()
+    capped = Turn(index=0, agent="Alice", text="Alice: I know A and more and more", num_tokens=8)
+    episode = dataclasses.replace(episode, turns=(capped, *episode.turns[1:]))
+    examples, counts = build_sft_examples([episode], chatml, max_turn_tokens=8)
+    assert counts["capped_turns"] == 1 and counts["examples"] == 2
+    alice = next(e for e in examples if e.agent == "Alice")
+    trained = chatml.decode([t for t, m in zip(alice.input_ids, alice.assistant_masks) if m])
+    assert trained == " <A>Rome</A><|im_end|>"  # only the turn that ended by itself
+    assert "I know A and more" in chatml.decode(alice.input_ids)  # still the context of Bob's reply
+    everything, counted = build_sft_examples([episode], chatml, max_turn_tokens=9)
+    assert counted["capped_turns"] == 0 and len(everything) == 2
+    # an agent whose every turn was cut has nothing to learn from this conversation
+    only_capped, counts = build_sft_examples([episode], chatml, max_turn_tokens=5)
+    assert counts["capped_turns"] == 3 and only_capped == [] and counts["skipped_no_turn"] == 2
