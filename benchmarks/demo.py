@@ -153,6 +153,11 @@ def _play(
     return results
 
 
+def _table_store(root: Path) -> Path:
+    """The episode store of a task's table, shared by the baselines' pass and the stages' curves."""
+    return root / "eval" / "episodes.jsonl"
+
+
 def _baselines(
     spec: DemoTask, root: Path, *, concurrency: int, provenance: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -162,10 +167,9 @@ def _baselines(
     settings = eval_settings(spec)
     methods = build_methods(spec.baselines, {}, settings)
     logger.info("demo %s: the untrained baselines on %d held-out instances", spec.name, spec.eval_instances)
-    store = root / "eval" / "episodes.jsonl"
     return _play(
         spec, root / "baselines", methods, settings, spec.eval_instances, concurrency=concurrency,
-        provenance=provenance, episodes=store,
+        provenance=provenance, episodes=_table_store(root),
     )  # fmt: skip
 
 
@@ -193,8 +197,7 @@ def _evaluate(
     # every stage, on the first instances of the same episodes (MAD's and CoT's are played already)
     logger.info("demo %s: every training stage on %d held-out instances", spec.name, spec.stage_instances)
     stage_methods = build_methods(("mad", "cot"), stage_rows, settings)
-    store = root / "eval" / "episodes.jsonl"
-    stages = play(root / "stages", stage_methods, settings, spec.stage_instances, episodes=store)
+    stages = play(root / "stages", stage_methods, settings, spec.stage_instances, episodes=_table_store(root))
     if spec.scaling_instances <= 0 or not runs:
         return main, stages, None
     finals = {trainer_label(r.trainer): adapter_label(r.trainer, exports[r.trainer]) for r in runs}
@@ -235,9 +238,9 @@ def _published(out: Path, tasks: Sequence[DemoTask], specs: Sequence[DemoTask]) 
     """The summaries ``demo.json`` holds of the demo tasks this invocation does not run (``--task``
     picks some), kept as published, so that one task's run does not drop the other's table."""
     path = out / "demo.json"
-    if not path.is_file() or len(specs) == len(tasks):
-        return []
     others = {s.task for s in tasks} - {s.task for s in specs}
+    if not others or not path.is_file():
+        return []
     return [t for t in read_json_object(path).get("tasks", []) if t.get("task") in others]
 
 
