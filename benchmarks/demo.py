@@ -17,19 +17,23 @@ setting where no agent can answer alone, then HotpotQA when its data is present)
    :func:`optima_trainers.export.export_lora`); these are the committed adapters that the
    README's main command evaluates.
 3. **evaluate** on held-out instances (the test split; HotpotQA's is the dev set), greedy, with the
-   same caps for every system: the table (the baselines, resumed from step 0, and each run's
-   exported adapter) on all ``eval_instances``, then every stage of every run on the
-   first ``stage_instances`` of them, beside MAD and CoT (the curves), then the inference-scaling
-   curves of MAD and the best trained system. The episodes go to ``<out>/<task>/eval/`` (the
-   stages' too; resumable), the stages' and the scaling results to ``stages/`` and ``scaling/``.
+   same caps for every system: every stage of every run on the first ``stage_instances``, beside
+   MAD and CoT (the curves; first, since only they need the training folders), then the table
+   (the baselines, resumed from step 0, and each run's exported adapter) on all
+   ``eval_instances``, then the inference-scaling curves of MAD and the best trained system. The
+   episodes go to ``<out>/<task>/eval/`` (the stages' too; resumable), the stages' and the
+   scaling results to ``stages/`` and ``scaling/``.
 4. **report**: ``report.md`` (Table-1-style, 95% bootstrap intervals on every score and ratio,
    per-iteration curves, the recipe's departures from the spec, the compute summed over every
    invocation), ``demo.json`` and the plots; with ``--update-readme`` the README's demo block.
 
-What a fresh clone resumes: the episode stores, their ``timing.json`` and ``invocations.json``
-are committed with the results (see ``.gitignore``), so the evaluation, hours of it on HotpotQA,
-and the compute account survive a new checkout; the training folders are not (each stage is a
-full fp32 model, about 540 MB), so a clone without them trains again.
+What a fresh clone resumes: the episode stores, their ``timing.json``, ``invocations.json``, the
+adapters and each task's training record (``<task>/training.json``:
+:mod:`benchmarks.demo_train`) are committed with the results (see ``.gitignore``); the training
+folders are not (each stage is a full fp32 model, about 540 MB). A clone without them takes the
+runs from the record, so long as it agrees with the recipe and the committed adapters and every
+stage's episodes are in the store, and trains nothing; otherwise it trains again. To reproduce the
+adapters from scratch, pass another ``--out``.
 """
 
 from __future__ import annotations
@@ -39,20 +43,28 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.clock import InvocationClock
 from benchmarks.demo_report import readme_block, summarize, write_pages, write_plots
 from benchmarks.demo_tasks import DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
-from benchmarks.demo_train import TrainedRun, adapter_dir, export_run, train_run
-from benchmarks.methods import PlaySettings, build_methods
+from benchmarks.demo_train import (
+    TrainedRun,
+    adapter_dir,
+    export_run,
+    record_training,
+    recorded_runs,
+    train_run,
+)
+from benchmarks.methods import Method, PlaySettings, build_methods
 from benchmarks.outputs import collect_results, write_outputs, written_results
 from benchmarks.store import EpisodeStore
 from benchmarks.suites import get_suite
-from benchmarks.units import TaskEntry, open_task, play_methods
+from benchmarks.units import TaskEntry, open_task, pending_jobs, play_methods
 from optima_env import make_task
-from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS
+from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS, verify_manifest
 from optima_env.errors import DataError, MissingDependencyError, TaskContractError
 from optima_env.io import read_json_object, write_json_atomic
 
@@ -80,21 +92,72 @@ def adapter_label(trainer: str, manifest: Mapping[str, Any]) -> str:
     return f"{trainer_label(trainer)} adapter (r{manifest.get('rank')}, {digest})"
 
 
-def _checkpoint_rows(
+def _adapter_rows(
     spec: DemoTask, out: Path, runs: Sequence[TrainedRun], exports: Mapping[str, Mapping[str, Any]]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """The evaluated models: every stage of every run (a shared M_0 once, through its full
-    checkpoint), and each run's exported adapter (what is committed is what is scored)."""
-    stages: dict[str, str] = {}
-    for run in runs:
-        for stage, path in run.stages:
-            if stage != run.shared:
-                stages[stage_label(run.trainer, stage)] = path
-    adapters = {
+) -> dict[str, str]:
+    """Each run's exported adapter (what is committed is what is scored), by row label."""
+    return {
         adapter_label(run.trainer, exports[run.trainer]): str(adapter_dir(out, spec.name, run.trainer))
         for run in runs
     }
-    return stages, adapters
+
+
+def _stage_methods(runs: Sequence[TrainedRun], settings: PlaySettings) -> list[Method]:
+    """MAD, CoT and every stage of every run (a shared M_0 once, through its full checkpoint); the
+    rows of a run read from the training record keep its recorded keys (its checkpoints are gone)."""
+    rows = {stage_label(r.trainer, s): path for r in runs for s, path in r.stages if s != r.shared}
+    keys = {stage_label(r.trainer, s): key for r in runs for s, key in r.keys.items()}
+    return [replace(m, key=keys.get(m.label, m.key)) for m in build_methods(("mad", "cot"), rows, settings)]
+
+
+def _stage_keys(runs: Sequence[TrainedRun], settings: PlaySettings) -> dict[str, dict[str, str]]:
+    """The unit key of every own stage's row, by trainer and stage (for the training record)."""
+    keys = {m.label: m.key for m in _stage_methods(runs, settings)}
+    return {
+        r.trainer: {s: keys[stage_label(r.trainer, s)] for s, _ in r.stages if s != r.shared} for r in runs
+    }
+
+
+def _entry(spec: DemoTask, instances: int) -> TaskEntry:
+    """The first ``instances`` held-out instances of the task."""
+    return open_task(
+        (spec.task,), explicit=True, suite=get_suite("demo"), split=spec.eval_split,
+        episodes=instances, pm=None, task_kwargs=spec.task_kwargs,
+    )  # fmt: skip
+
+
+def _unplayed(spec: DemoTask, root: Path, runs: Sequence[TrainedRun]) -> list[str]:
+    """The stage rows whose episodes the table's store lacks on the stages' instances."""
+    settings, entry = eval_settings(spec), _entry(spec, spec.stage_instances)
+    store = EpisodeStore(_table_store(root))
+    own = {stage_label(r.trainer, s) for r in runs for s in r.keys}
+    return [
+        m.label
+        for m in _stage_methods(runs, settings)
+        if m.label in own and pending_jobs(m, entry, store, seed=settings.seed)
+    ]
+
+
+def _recorded(
+    spec: DemoTask, root: Path, out: Path
+) -> tuple[list[TrainedRun], dict[str, dict[str, Any]]] | None:
+    """The runs and exports of the training record, when the demo can take them instead of
+    training (see the module docstring); None when it must train."""
+    runs = recorded_runs(spec, root, out)
+    if not runs:
+        return None
+    missing = _unplayed(spec, root, runs)
+    if missing:
+        logger.warning(
+            "demo %s: the training record's stages %s have no episodes in the store and their "
+            "checkpoints are gone: training again", spec.name, ", ".join(missing),
+        )  # fmt: skip
+        return None
+    exports = {}
+    for run in runs:
+        folder = adapter_dir(out, spec.name, run.trainer)
+        exports[run.trainer] = {**(verify_manifest(folder) or {}), "folder": str(folder)}
+    return runs, exports
 
 
 def _timing(folder: Path) -> tuple[Path, float]:
@@ -118,10 +181,7 @@ def _play(
     ``folder`` (resumable); the episodes go to ``episodes`` (default: the folder's own store)."""
     timing, spent = _timing(folder)
     store = EpisodeStore(episodes or folder / "episodes.jsonl")
-    entry = open_task(
-        (spec.task,), explicit=True, suite=get_suite("demo"), split=spec.eval_split,
-        episodes=instances, pm=None, task_kwargs=spec.task_kwargs,
-    )  # fmt: skip
+    entry = _entry(spec, instances)
     resumed, started, wall_started = len(store), time.perf_counter(), time.time()
     play_methods(
         methods, [entry], store, settings=settings, split=spec.eval_split, concurrency=concurrency,
@@ -184,20 +244,19 @@ def _evaluate(
     exports: Mapping[str, Mapping[str, Any]],
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
     settings = eval_settings(spec)
-    stage_rows, adapters = _checkpoint_rows(spec, out, runs, exports)
-    methods = build_methods(spec.baselines, adapters, settings)
-    logger.info(
-        "demo %s: evaluating %d systems on %d held-out instances",
-        spec.name,
-        len(methods),
-        spec.eval_instances,
-    )
     play = functools.partial(_play, spec, concurrency=concurrency, provenance=provenance)
-    main = play(root / "eval", methods, settings, spec.eval_instances)
-    # every stage, on the first instances of the same episodes (MAD's and CoT's are played already)
+    # every stage first, on the first instances of the table's store (MAD's and CoT's are played
+    # already): the stages need the training folders, which a new checkout lacks, and the table
+    # only the committed adapters, so a stop after this point never trains again
     logger.info("demo %s: every training stage on %d held-out instances", spec.name, spec.stage_instances)
-    stage_methods = build_methods(("mad", "cot"), stage_rows, settings)
-    stages = play(root / "stages", stage_methods, settings, spec.stage_instances, episodes=_table_store(root))
+    stages = play(
+        root / "stages", _stage_methods(runs, settings), settings, spec.stage_instances,
+        episodes=_table_store(root),
+    )  # fmt: skip
+    adapters = _adapter_rows(spec, out, runs, exports)
+    methods = build_methods(spec.baselines, adapters, settings)
+    logger.info("demo %s: %d systems on %d held-out instances", spec.name, len(methods), spec.eval_instances)
+    main = play(root / "eval", methods, settings, spec.eval_instances)
     if spec.scaling_instances <= 0 or not runs:
         return main, stages, None
     finals = {trainer_label(r.trainer): adapter_label(r.trainer, exports[r.trainer]) for r in runs}
@@ -290,15 +349,25 @@ def _run(
         done += 1
         print(f"[demo {done}/{units}] {spec.name}: evaluating the untrained baselines", flush=True)
         baselines = _baselines(spec, root, concurrency=concurrency, provenance=provenance)
-        runs: list[TrainedRun] = []
-        exports: dict[str, dict[str, Any]] = {}
-        for trainer in spec.trainers:
-            done += 1
-            print(f"[demo {done}/{units}] {spec.name}: training {trainer_label(trainer)}", flush=True)
-            run = train_run(spec, root, trainer, runs[0] if runs else None, progress=progress)
-            runs.append(run)
-            manifest = export_run(spec, out, run, command=command, git_commit=git_commit)
-            exports[trainer] = {**manifest, "folder": str(adapter_dir(out, spec.name, trainer))}
+        recorded = _recorded(spec, root, out)
+        if recorded is not None:
+            runs, exports = recorded
+            done += len(spec.trainers)
+            print(
+                f"[demo {done}/{units}] {spec.name}: the training record and the committed adapters "
+                "(no training folders, every stage played): not training again (another --out trains "
+                "from scratch)", flush=True,
+            )  # fmt: skip
+        else:
+            runs, exports = [], {}
+            for trainer in spec.trainers:
+                done += 1
+                print(f"[demo {done}/{units}] {spec.name}: training {trainer_label(trainer)}", flush=True)
+                run = train_run(spec, root, trainer, runs[0] if runs else None, progress=progress)
+                runs.append(run)
+                manifest = export_run(spec, out, run, command=command, git_commit=git_commit)
+                exports[trainer] = {**manifest, "folder": str(adapter_dir(out, spec.name, trainer))}
+            record_training(root, runs, _stage_keys(runs, eval_settings(spec)), exports)
         done += 1
         print(f"[demo {done}/{units}] {spec.name}: evaluating", flush=True)
         main, stages, curves = _evaluate(

@@ -1,23 +1,38 @@
-"""The demo suite's training side: train (or resume) one Optima run of a demo task and export its
-final model as the committed adapter (steps 1 and 2 of :mod:`benchmarks.demo`)."""
+"""The demo suite's training side: train (or resume) one Optima run of a demo task, export its
+final model as the committed adapter (steps 1 and 2 of :mod:`benchmarks.demo`), and keep the
+task's training record.
+
+The record (``<out>/<task>/training.json``, committed with the results) holds what the evaluation
+and the report need of each run: its stages, their metrics and compute, its config, the unit key
+of each stage's row and its adapter's digest. The training folders are not committed (every
+stage is a full fp32 model), so a fresh clone has the record and the adapters but no
+checkpoints: :func:`recorded_runs` gives the runs back from the record when it still agrees with
+the recipe and the committed adapters, and the demo then trains nothing again as long as every
+stage's episodes are in the committed store (:mod:`benchmarks.demo` checks that).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks.demo_tasks import DemoTask
+from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS, verify_manifest
 from optima_env.errors import TaskContractError
 from optima_env.io import read_json_object, write_json_atomic
 
-__all__ = ["TrainedRun", "adapter_dir", "export_run", "train_run"]
+__all__ = ["TrainedRun", "adapter_dir", "export_run", "record_training", "recorded_runs", "train_run"]
 
 _SHARED = "shared_init.json"
 """Marker in a run folder whose initialization stage was copied from the iSFT run."""
+
+_RECORD = "training.json"
+"""A task's training record, in ``<out>/<task>/`` (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,9 @@ class TrainedRun:
     """The stage copied from the iSFT run (its compute is counted there), if any."""
     config: Mapping[str, Any]
     """The run's configuration (``config.json``)."""
+    keys: Mapping[str, str] = field(default_factory=dict)
+    """The unit key of each own stage's row, for a run read from the training record (its
+    checkpoints are gone); empty for a run trained here, whose keys are its checkpoints' hashes."""
 
     def compute_s(self) -> float:
         """Seconds of the stages this run computed itself (summed over invocations)."""
@@ -48,6 +66,11 @@ class TrainedRun:
 def adapter_dir(out: Path, task: str, trainer: str) -> Path:
     """Where the demo writes (and the main command reads) the adapter of ``trainer`` on ``task``."""
     return out / "adapters" / task / trainer
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists), for comparing with a record."""
+    return json.loads(json.dumps(value))
 
 
 def _config(spec: DemoTask, trainer: str) -> Any:
@@ -164,3 +187,70 @@ def export_run(
             "config": dict(run.config),
         },
     )
+
+
+def record_training(
+    root: Path,
+    runs: Sequence[TrainedRun],
+    keys: Mapping[str, Mapping[str, str]],
+    exports: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """Write the task's training record (``root/training.json``; unchanged content is not rewritten).
+
+    ``keys`` maps each trainer to the unit keys of its own stages' rows, ``exports`` each trainer
+    to its adapter's manifest."""
+    record = _plain(
+        {
+            "runs": [
+                {
+                    "trainer": run.trainer,
+                    # the checkpoints' paths as the rows name them (relative to the task's folder)
+                    "stages": [[stage, os.path.relpath(path, root)] for stage, path in run.stages],
+                    "shared": run.shared,
+                    "keys": dict(keys[run.trainer]),
+                    "adapter": exports[run.trainer]["files"][ADAPTER_WEIGHTS],
+                    "config": dict(run.config),
+                    "metrics": list(run.metrics),
+                }
+                for run in runs
+            ]
+        }
+    )
+    path = root / _RECORD
+    if not path.is_file() or read_json_object(path) != record:
+        write_json_atomic(path, record)
+
+
+def recorded_runs(spec: DemoTask, root: Path, out: Path) -> list[TrainedRun] | None:
+    """The task's runs as its training record holds them, when no training folder is there to
+    resume from and the record agrees with the recipe (every trainer's config) and with the
+    committed adapters (their weights' sha256); else None, and the demo trains.
+
+    Raises:
+        DataError: a committed adapter's files do not match its manifest (from
+            :func:`~optima_env.backends.peft_adapter.verify_manifest`).
+    """
+    path = root / _RECORD
+    if not path.is_file() or any((root / "train" / t / "config.json").is_file() for t in spec.trainers):
+        return None
+    by_trainer = {r.get("trainer"): r for r in read_json_object(path).get("runs", [])}
+    runs = []
+    for trainer in spec.trainers:
+        record = by_trainer.get(trainer)
+        if record is None or record.get("config") != _plain(_config(spec, trainer).to_dict()):
+            return None
+        manifest = verify_manifest(adapter_dir(out, spec.name, trainer))
+        if manifest is None or manifest["files"].get(ADAPTER_WEIGHTS) != record.get("adapter"):
+            return None
+        runs.append(  # its checkpoints are gone: the rows keep the record's keys
+            TrainedRun(
+                trainer=trainer,
+                # absolute, as a run folder names its checkpoints (RunDir.model_path)
+                stages=tuple((stage, str((root / path).absolute())) for stage, path in record["stages"]),
+                metrics=tuple(record["metrics"]),
+                shared=record["shared"],
+                config=record["config"],
+                keys=dict(record["keys"]),
+            )
+        )
+    return runs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,9 +13,10 @@ import pytest
 from benchmarks.demo import adapter_dir, run_demo
 from benchmarks.demo_report import readme_block, summarize, table1
 from benchmarks.demo_tasks import DEMO_TASKS, MAIN_TASK, TRAINERS, DemoTask
+from benchmarks.demo_train import recorded_runs
 from benchmarks.readme import replace_block
 from optima_env import make_task
-from optima_env.errors import TaskContractError
+from optima_env.errors import DataError, TaskContractError
 
 
 def test_the_main_task_needs_both_agents_on_every_held_out_instance() -> None:
@@ -228,7 +230,9 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
     assert [r["score"] for r in first["rows"]] == [r["score"] for r in summary["rows"][:4]]
     assert first["units"]["resumed"] == 0 and not (out / "synth" / "baselines" / "episodes.jsonl").exists()
     table = json.loads((out / "synth" / "eval" / "results.json").read_text(encoding="utf-8"))
-    assert table["units"]["resumed"] == first["units"]["generated"]
+    # the stages were played before the table, into its store
+    assert results["units"]["resumed"] == first["units"]["generated"] > 0
+    assert table["units"]["resumed"] == first["units"]["generated"] + results["units"]["generated"]
     episodes = out / "synth" / "eval" / "episodes.jsonl"
     played = [*out.glob("synth/*/results.json"), *out.glob("synth/*/report.md")]  # + eval, stages, scaling
     assert len(played) == 8
@@ -241,6 +245,28 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
     assert (again["train_s"], again["eval_s"]) == (demo["train_s"], demo["eval_s"])  # the work's time, kept
     replace_block(readme, "demo", readme_block(again))
     assert "| iSFT-DPO |" in readme.read_text(encoding="utf-8")
+
+    # a fresh clone has the committed results but no training folders: the training record stands
+    # in for them (the stages' rows keep their keys), so nothing trains or plays again
+    record = json.loads((out / "synth" / "training.json").read_text(encoding="utf-8"))
+    assert [r["trainer"] for r in record["runs"]] == list(TRAINERS)
+    assert set(record["runs"][1]["keys"]) == {"iter_01"}  # iDPO's M_0 is iSFT's row
+    shutil.rmtree(out / "synth" / "train")
+    clone = run_demo(out, tasks=[spec], progress=False)
+    assert not (out / "synth" / "train").exists()  # nothing trained
+    assert {p: p.read_bytes() for p in frozen} == frozen
+    assert {p: p.stat().st_mtime_ns for p in frozen} == mtimes
+    assert clone["tasks"][0]["rows"] == summary["rows"]
+    assert clone["tasks"][0]["curves"] == summary["curves"]
+    assert clone["train_s"] == demo["train_s"]  # the training's compute, from the record
+    # a record that no longer agrees with the recipe or the adapters is not taken
+    other = replace(spec, train={**spec.train, "sft.max_steps": 2})
+    assert recorded_runs(other, out / "synth", out) is None
+    assert recorded_runs(spec, out / "synth", out) is not None
+    weights = adapter_dir(out, "synth", "idpo") / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + bytes(8))
+    with pytest.raises(DataError, match="sha256"):
+        recorded_runs(spec, out / "synth", out)
 
 
 _COMMITTED = sorted(
