@@ -276,11 +276,15 @@ def run_demo(
     concurrency: int = 32,
     update_readme_path: Path | None = None,
     command: str = "python -m benchmarks.run --suite demo",
+    demo_command: str | None = None,
     git_commit: str = "",
     threads: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Train, export and evaluate every demo task (or those in ``names``); write the report and plots."""
+    """Train, export and evaluate every demo task (or those in ``names``); write the report and plots.
+
+    ``command`` is this invocation's (the adapters' manifests name it); ``demo_command``, the one
+    that reproduces the whole report (every task, where ``names`` picks some; default: ``command``)."""
     specs = [s for s in tasks if not names or s.name in names or s.task in names]
     if not specs:
         raise TaskContractError(
@@ -289,8 +293,9 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     with InvocationClock(out / "invocations.json"):
         return _run(
-            out, specs, tasks, concurrency, update_readme_path, command, git_commit, threads, progress
-        )
+            out, specs, tasks, concurrency, update_readme_path, (command, demo_command or command),
+            git_commit, threads, progress,
+        )  # fmt: skip
 
 
 def _published(out: Path, tasks: Sequence[DemoTask], specs: Sequence[DemoTask]) -> list[dict[str, Any]]:
@@ -309,12 +314,13 @@ def _run(
     tasks: Sequence[DemoTask],
     concurrency: int,
     update_readme_path: Path | None,
-    command: str,
+    commands: tuple[str, str],
     git_commit: str,
     threads: int | None,
     progress: bool,
 ) -> dict[str, Any]:
     started = time.time()
+    command, demo_command = commands
     provenance = {"git_commit": git_commit, "command": command.split()}
     summaries: list[dict[str, Any]] = []
     units = sum(len(s.trainers) + 2 for s in specs)
@@ -325,8 +331,8 @@ def _run(
         """demo.json, report.md and (with ``update_readme_path``) the README block, so far."""
         shown = sorted([*kept, *summaries], key=lambda t: order.index(t["task"]))  # the demo's order
         demo = write_pages(
-            out, shown, command=command, git_commit=git_commit, started=started, threads=threads,
-            pending=[s.task for s in pending],
+            out, shown, command=demo_command, git_commit=git_commit, started=started, threads=threads,
+            pending=[s.task for s in pending], invocation_command=command,
         )  # fmt: skip
         if update_readme_path is not None:
             from benchmarks.readme import replace_block

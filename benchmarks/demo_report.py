@@ -149,12 +149,15 @@ def write_pages(
     started: float,
     threads: int | None,
     pending: Sequence[str] = (),
+    invocation_command: str | None = None,
 ) -> dict[str, Any]:
     """Write ``demo.json`` and ``report.md`` for the tasks done so far (after each task);
-    ``pending`` names the tasks still to run."""
+    ``pending`` names the tasks still to run; ``command`` reproduces the whole report,
+    ``invocation_command`` (default: ``command``) is this invocation's."""
     invocations_s, invocations = total_seconds(out / "invocations.json")
     demo = {
         "command": command,
+        "invocation_command": invocation_command or command,
         "started": time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started)),
         "wall_time_s": round(time.time() - started, 1),
         "train_s": round(sum(s.get("train_s", 0.0) for s in summaries), 1),
@@ -261,7 +264,12 @@ def render_report(demo: Mapping[str, Any]) -> str:
     parts = [
         "# Optima demo: Table 1 on 2 CPU cores with the embedded model",
         "",
-        f"Command: `{demo['command']}`  ",
+        f"Command: `{demo['command']}`"
+        + (
+            f" (this invocation: `{demo['invocation_command']}`)  "
+            if demo.get("invocation_command", demo["command"]) != demo["command"]
+            else "  "
+        ),
         f"Compute: training {demo['train_s'] / 60:.1f} min and evaluation {demo['eval_s'] / 60:.1f} min, "
         "summed over every invocation that did the work (a resumed run reuses what is done; the "
         "shared initialization is counted once; a phase cut short by a kill is not); the demo "

@@ -216,6 +216,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
             concurrency=_concurrency(args, suite),
             update_readme_path=REPO_README if args.update_readme else None,
             command=" ".join(command_line(args)),
+            demo_command=" ".join(command_line(dataclasses.replace(args, task=()))),
             git_commit=_git_commit() or "unknown",
             threads=args.threads,
         )
