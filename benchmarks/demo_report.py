@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.clock import total_seconds
+from benchmarks.clock import first_started, total_seconds
 from benchmarks.demo_tasks import DemoTask, eval_settings, trainer_label
 from benchmarks.intervals import add_intervals, cell
 from optima_env.io import write_json_atomic, write_text_atomic
@@ -163,6 +163,7 @@ def write_pages(
         "train_s": round(sum(s.get("train_s", 0.0) for s in summaries), 1),
         "eval_s": round(sum(s.get("eval_s", 0.0) for s in summaries), 1),
         "invocations_s": invocations_s,
+        "invocations_since": first_started(out / "invocations.json"),
         "invocations": invocations,
         "git_commit": git_commit,
         "threads": threads if threads is not None else os.environ.get("OMP_NUM_THREADS", "torch default"),
@@ -274,7 +275,9 @@ def render_report(demo: Mapping[str, Any]) -> str:
         "summed over every invocation that did the work (a resumed run reuses what is done; the "
         "shared initialization is counted once; a phase cut short by a kill is not); the demo "
         f"process ran {demo.get('invocations_s', 0.0) / 60:.1f} min of wall time over "
-        f"{demo.get('invocations', 0)} invocations (invocations.json); this invocation started "
+        f"{demo.get('invocations', 0)} invocations"
+        + (f" since {demo['invocations_since']}" if demo.get("invocations_since") else "")
+        + " (invocations.json); this invocation started "
         f"{demo['started']} and took {demo['wall_time_s'] / 60:.1f} min; git commit {demo['git_commit']}; "
         f"torch threads {demo['threads']}.",
         "",

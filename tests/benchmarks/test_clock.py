@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.clock import InvocationClock, total_seconds
+from benchmarks.clock import InvocationClock, first_started, total_seconds
 from optima_env.errors import DataError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +27,7 @@ def test_a_finished_invocation_is_recorded_and_invocations_add_up(tmp_path: Path
     assert count == 2 and seconds >= 0.6  # what was slept, summed over the two invocations
     entries = json.loads(path.read_text(encoding="utf-8"))["invocations"]
     assert len({e["id"] for e in entries}) == 2 and all(e["seconds"] >= 0.3 for e in entries)
+    assert first_started(path) == entries[0]["started"] and first_started(tmp_path / "none.json") is None
 
 
 def test_a_killed_invocation_keeps_all_but_the_last_interval(tmp_path: Path) -> None:
