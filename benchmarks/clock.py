@@ -18,7 +18,7 @@ from typing import Any
 from optima_env.errors import DataError
 from optima_env.io import read_json_object, write_json_atomic
 
-__all__ = ["InvocationClock", "first_started", "total_seconds"]
+__all__ = ["InvocationClock", "total_seconds"]
 
 
 _FIX = "repair it, or delete it to restart the count (the run's total then misses the earlier invocations)"
@@ -39,16 +39,12 @@ def _read(path: Path) -> list[dict[str, Any]]:
     return invocations
 
 
-def total_seconds(path: Path) -> tuple[float, int]:
-    """The seconds summed over the invocations recorded in ``path``, and how many there were."""
+def total_seconds(path: Path) -> tuple[float, int, str | None]:
+    """The seconds summed over the invocations recorded in ``path``, how many there were, and when
+    the first of them started (the count covers only what followed; None when there are none)."""
     invocations = _read(path)
-    return round(sum(float(i.get("seconds", 0.0)) for i in invocations), 1), len(invocations)
-
-
-def first_started(path: Path) -> str | None:
-    """When the first invocation recorded in ``path`` started (the count covers only what followed)."""
-    invocations = _read(path)
-    return str(invocations[0].get("started")) if invocations else None
+    seconds = round(sum(float(i.get("seconds", 0.0)) for i in invocations), 1)
+    return seconds, len(invocations), str(invocations[0].get("started")) if invocations else None
 
 
 class InvocationClock:

@@ -293,7 +293,7 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     with InvocationClock(out / "invocations.json"):
         return _run(
-            out, specs, tasks, concurrency, update_readme_path, (command, demo_command or command),
+            out, specs, tasks, concurrency, update_readme_path, command, demo_command or command,
             git_commit, threads, progress,
         )  # fmt: skip
 
@@ -314,13 +314,13 @@ def _run(
     tasks: Sequence[DemoTask],
     concurrency: int,
     update_readme_path: Path | None,
-    commands: tuple[str, str],
+    command: str,
+    demo_command: str,
     git_commit: str,
     threads: int | None,
     progress: bool,
 ) -> dict[str, Any]:
     started = time.time()
-    command, demo_command = commands
     provenance = {"git_commit": git_commit, "command": command.split()}
     summaries: list[dict[str, Any]] = []
     units = sum(len(s.trainers) + 2 for s in specs)

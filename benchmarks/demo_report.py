@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.clock import first_started, total_seconds
+from benchmarks.clock import total_seconds
 from benchmarks.demo_tasks import DemoTask, eval_settings, trainer_label
 from benchmarks.intervals import add_intervals, cell
 from optima_env.io import write_json_atomic, write_text_atomic
@@ -154,7 +154,7 @@ def write_pages(
     """Write ``demo.json`` and ``report.md`` for the tasks done so far (after each task);
     ``pending`` names the tasks still to run; ``command`` reproduces the whole report,
     ``invocation_command`` (default: ``command``) is this invocation's."""
-    invocations_s, invocations = total_seconds(out / "invocations.json")
+    invocations_s, invocations, since = total_seconds(out / "invocations.json")
     demo = {
         "command": command,
         "invocation_command": invocation_command or command,
@@ -163,7 +163,7 @@ def write_pages(
         "train_s": round(sum(s.get("train_s", 0.0) for s in summaries), 1),
         "eval_s": round(sum(s.get("eval_s", 0.0) for s in summaries), 1),
         "invocations_s": invocations_s,
-        "invocations_since": first_started(out / "invocations.json"),
+        "invocations_since": since,
         "invocations": invocations,
         "git_commit": git_commit,
         "threads": threads if threads is not None else os.environ.get("OMP_NUM_THREADS", "torch default"),

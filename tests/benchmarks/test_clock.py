@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.clock import InvocationClock, first_started, total_seconds
+from benchmarks.clock import InvocationClock, total_seconds
 from optima_env.errors import DataError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -23,11 +23,11 @@ def test_a_finished_invocation_is_recorded_and_invocations_add_up(tmp_path: Path
     for _ in range(2):
         with InvocationClock(path, interval_s=0.05):
             time.sleep(0.3)
-    seconds, count = total_seconds(path)
+    seconds, count, since = total_seconds(path)
     assert count == 2 and seconds >= 0.6  # what was slept, summed over the two invocations
     entries = json.loads(path.read_text(encoding="utf-8"))["invocations"]
     assert len({e["id"] for e in entries}) == 2 and all(e["seconds"] >= 0.3 for e in entries)
-    assert first_started(path) == entries[0]["started"] and first_started(tmp_path / "none.json") is None
+    assert since == entries[0]["started"]
 
 
 def test_a_killed_invocation_keeps_all_but_the_last_interval(tmp_path: Path) -> None:
@@ -44,12 +44,12 @@ def test_a_killed_invocation_keeps_all_but_the_last_interval(tmp_path: Path) -> 
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    seconds, count = total_seconds(path)
+    seconds, count, _ = total_seconds(path)
     assert count == 1 and seconds >= 1.0  # written while running, not only on a clean exit
 
 
 def test_a_missing_file_counts_nothing(tmp_path: Path) -> None:
-    assert total_seconds(tmp_path / "none.json") == (0.0, 0)
+    assert total_seconds(tmp_path / "none.json") == (0.0, 0, None)
 
 
 @pytest.mark.parametrize(

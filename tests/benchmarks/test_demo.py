@@ -343,6 +343,7 @@ def test_a_one_task_run_reports_the_command_that_reproduces_the_whole_demo(tmp_p
     from benchmarks.run import main
 
     monkeypatch.setenv("OPTIMA_DATA_DIR", str(tmp_path / "no-data"))  # HotpotQA: data missing, fast
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # main() sets it by default; restored after the test
     out = tmp_path / "demo"
     assert main(["--suite", "demo", "--task", "hotpotqa", "--out", str(out)]) == 0
     demo = json.loads((out / "demo.json").read_text(encoding="utf-8"))
