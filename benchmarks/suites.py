@@ -15,6 +15,9 @@ paper      spec §8.1: the eight paper tasks, the first 1000 test items of the i
 scaling    spec §8.3: K samples per instance at temperature 0.5 of each method (MAD and CoT by
            default), majority-vote score, coverage and total tokens for k = 1..K
 rollout    the throughput benchmark of ``benchmarks.rollout_bench`` (rollout engine vs naive loop)
+baselines  the demo's untrained baselines (CoT, SC n=8, MAD, AutoForm) with its evaluation settings
+           (100 instances, 10 turns of 256 tokens, greedy, answers read in style ``small``, turns
+           cut at a partner's tag) on the tasks given by ``--task`` (default: 2WikiMultihopQA)
 demo       Table 1 on CPU (``benchmarks.demo``): iSFT, iDPO and iSFT-DPO trained on the embedded
            task and HotpotQA, then CoT, SC, MAD, AutoForm and the committed adapters on 100
            held-out instances, every stage's curve and the inference-scaling figure; many hours
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.demo_tasks import MAIN_TASK, TRAINERS, trainer_label
+from benchmarks.demo_tasks import DEMO_TASKS, MAIN_TASK, TRAINERS, trainer_label
 from optima_env.errors import TaskContractError
 
 __all__ = ["DEMO_ADAPTERS", "PAPER_TASKS", "SUITES", "Suite", "get_suite"]
@@ -96,6 +99,9 @@ _REPO = Path(__file__).resolve().parents[1]
 DEMO_ADAPTERS = _REPO / "benchmarks" / "results" / "demo" / "adapters"
 """Where the demo suite writes the committed adapters (``<task name>/<trainer>``)."""
 
+_DEMO_IE = next(t for t in DEMO_TASKS if t.task == "ie/hotpotqa-v0")
+"""The demo's HotpotQA recipe, whose baselines the ``baselines`` suite plays on other tasks."""
+
 SUITES: dict[str, Suite] = {
     "main": Suite(
         name="main",
@@ -147,6 +153,19 @@ SUITES: dict[str, Suite] = {
     "loop": Suite(
         name="loop",
         description="one iSFT and one iDPO iteration per phase, transformers vs CTranslate2 (loop_bench)",
+    ),
+    "baselines": Suite(
+        name="baselines",
+        description="the demo's untrained baselines and evaluation settings on other tasks (--task)",
+        tasks=(("ie/2wikimultihopqa-v0",),),
+        methods=_DEMO_IE.baselines,
+        instances=_DEMO_IE.eval_instances,
+        max_turns=_DEMO_IE.max_turns,
+        max_new_tokens=_DEMO_IE.max_new_tokens,
+        sc_n=_DEMO_IE.sc_n,
+        task_kwargs={t: dict(_DEMO_IE.task_kwargs) for t in ("ie/hotpotqa-v0", "ie/2wikimultihopqa-v0")},
+        stop_at_speaker_tags=True,
+        concurrency=32,
     ),
     "demo": Suite(
         name="demo",

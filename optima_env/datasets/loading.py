@@ -8,8 +8,10 @@ names both options and why each failed.
 
 Nothing is dropped silently: rows that do not convert raise :class:`DataError`. The only rows
 ever left out are the MMLU ``train`` rows whose question is also in ARC-Challenge train (spec
-§2.2); their count is logged (INFO, logger ``optima_env.datasets.loading``) and returned in
-:attr:`LoadReport.dropped` by :func:`load_samples_with_report`.
+§2.2), and, when a split is a group of files (2WikiMultihopQA's local dev copy), the rows of a
+later file whose question an earlier file already holds; their counts are logged (INFO, logger
+``optima_env.datasets.loading``) and returned in :attr:`LoadReport.dropped` by
+:func:`load_samples_with_report`.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from optima_env.datasets.files import DATA_DIR_ENV, RowRef, read_records, resolv
 from optima_env.datasets.sources import (
     DATASETS,
     DatasetSpec,
+    FileChoice,
     HubSource,
     SplitSpec,
+    choice_name,
     get_spec,
     parse_hub_name,
 )
@@ -37,6 +41,7 @@ from optima_env.types import TaskSample
 
 __all__ = [
     "ARC_OVERLAP",
+    "DUPLICATE_QUESTION",
     "MMLU_SHUFFLE_SEED",
     "LoadReport",
     "Source",
@@ -53,6 +58,9 @@ MMLU_SHUFFLE_SEED = 42
 """Seed of the ``random.Random`` that shuffles MMLU ``train`` (the reference code's)."""
 ARC_OVERLAP = "question_in_arc_challenge_train"
 """The :attr:`LoadReport.dropped` key counting MMLU ``train`` rows removed for ARC overlap."""
+DUPLICATE_QUESTION = "duplicate_question_in_earlier_file"
+"""The :attr:`LoadReport.dropped` key counting rows of a file group whose question an earlier file
+of the group holds (the earlier row is kept)."""
 
 _Rows = Iterator[tuple[RowRef, Mapping[str, Any], str]]
 
@@ -70,7 +78,7 @@ class LoadReport:
     samples: int
     """Samples returned."""
     dropped: Mapping[str, int] = field(default_factory=dict)
-    """Rows left out, by reason (only :data:`ARC_OVERLAP` exists)."""
+    """Rows left out, by reason (:data:`ARC_OVERLAP`, :data:`DUPLICATE_QUESTION`)."""
 
 
 def list_datasets() -> list[str]:
@@ -152,11 +160,45 @@ def load_samples_with_report(
     options = {"require_context": require_context} if spec.context_option else {}
     if spec.name == "mmlu" and split == "train":
         return _mmlu_train(spec, split_spec, data_dir, source, limit, hf_name, filter_arc)
-    rows, origin = _open(spec, split, split_spec, data_dir, source, hf_name)
-    samples = [spec.convert(row, ref, default_id, **options) for ref, row, default_id in islice(rows, limit)]
-    report = LoadReport(spec.name, split, origin, len(samples), len(samples))
-    logger.info("loaded %d %s/%s samples from %s", len(samples), spec.name, split, origin)
-    return samples, report
+    rows, origin, grouped = _open(spec, split, split_spec, data_dir, source, hf_name)
+    if not grouped:
+        samples = [spec.convert(row, ref, default_id, **options) for ref, row, default_id in islice(rows, limit)]
+        report = LoadReport(spec.name, split, origin, len(samples), len(samples))
+        logger.info("loaded %d %s/%s samples from %s", len(samples), spec.name, split, origin)
+        return samples, report
+    return _union(spec, split, rows, origin, limit, options)
+
+
+def _union(
+    spec: DatasetSpec, split: str, rows: _Rows, origin: str, limit: int | None, options: dict[str, Any]
+) -> tuple[list[TaskSample], LoadReport]:
+    """The rows of a file group as one split: a row whose question (stripped) an earlier row holds
+    is left out and counted, so the earlier file's row wins (the group lists the richer file first).
+
+    A stdlib loop rather than a dataframe library: the rows are converted one by one anyway, and
+    ``limit`` stops the read early.
+    """
+    samples: list[TaskSample] = []
+    seen: set[str] = set()
+    read = duplicates = 0
+    for ref, row, default_id in rows:
+        if limit is not None and len(samples) >= limit:
+            break
+        sample = spec.convert(row, ref, default_id, **options)
+        read += 1
+        key = sample.question.strip()
+        if key in seen:
+            duplicates += 1
+            continue
+        seen.add(key)
+        samples.append(sample)
+    dropped = {DUPLICATE_QUESTION: duplicates}
+    logger.info(
+        "loaded %d %s/%s samples from %s (%d of %d rows read left out: their question is in an "
+        "earlier file of the group)",
+        len(samples), spec.name, split, origin, duplicates, read,
+    )  # fmt: skip
+    return samples, LoadReport(spec.name, split, origin, read, len(samples), dropped)
 
 
 def _mmlu_train(
@@ -173,7 +215,7 @@ def _mmlu_train(
     Questions are compared after stripping surrounding whitespace. The reference code shuffles the
     kept rows with ``random.Random(42)``; so does this, so the order matches for the same rows.
     """
-    rows, origin = _open(spec, "auxiliary_train", split_spec, data_dir, source, hf_name)
+    rows, origin, _ = _open(spec, "auxiliary_train", split_spec, data_dir, source, hf_name)
     samples = [spec.convert(row, ref, default_id) for ref, row, default_id in rows]
     dropped: dict[str, int] = {}
     if filter_arc:
@@ -207,27 +249,29 @@ def _mmlu_train(
 # -- finding the rows ------------------------------------------------------------------------------
 def _open(
     spec: DatasetSpec, split: str, split_spec: SplitSpec, data_dir: Any, source: Source, hf_name: str | None
-) -> tuple[_Rows, str]:
-    """The rows of one split and where they come from; raises the two-option error if nowhere."""
+) -> tuple[_Rows, str, bool]:
+    """The rows of one split, where they come from and whether that is a group of files; raises
+    the two-option error if nowhere."""
     override = _as_path(hf_name)
     if override is not None:
-        path = override if override.is_file() else _first_file(override, split_spec.files)
-        if path is None:
+        paths = (override,) if override.is_file() else _first_file(override, split_spec.files)
+        if paths is None:
             raise DataError(
                 f"hf_name folder {str(override)!r} holds none of the {spec.name} "
-                f"{split!r} files {list(split_spec.files)}"
+                f"{split!r} files {[choice_name(c) for c in split_spec.files]}"
             )
-        return _file_rows(spec, split, path), str(path)
+        return _file_rows(spec, split, paths), _origin(paths), len(paths) > 1
     local_reason = "not tried (source='hf')"
     if source in ("auto", "local"):
         root = resolve_data_dir(data_dir)
         if root is None:
             local_reason = f"no data folder (neither data_dir nor {DATA_DIR_ENV} is set)"
         else:
-            path = _first_file(root / spec.name, split_spec.files)
-            if path is not None:
-                return _file_rows(spec, split, path), str(path)
-            local_reason = f"no {' / '.join(split_spec.files)} in {str(root / spec.name)!r}"
+            paths = _first_file(root / spec.name, split_spec.files)
+            if paths is not None:
+                return _file_rows(spec, split, paths), _origin(paths), len(paths) > 1
+            names = " / ".join(choice_name(c) for c in split_spec.files)
+            local_reason = f"no {names} in {str(root / spec.name)!r}"
     hub = split_spec.hub
     if hub is not None and hf_name is not None:
         hub = parse_hub_name(hf_name, hub)
@@ -240,7 +284,7 @@ def _open(
         parts = [(config, datasets.load_dataset(hub.name, config, split=hub.split)) for config in hub.configs]
     except Exception as exc:  # any hub failure becomes the one two-option error
         raise _unavailable(spec, split_spec, hub, local_reason, f"{type(exc).__name__}: {exc}") from exc
-    return _hub_rows(spec, split, hub, parts), f"hub {hub.describe()}"
+    return _hub_rows(spec, split, hub, parts), f"hub {hub.describe()}", False
 
 
 def _as_path(hf_name: str | None) -> Path | None:
@@ -254,13 +298,25 @@ def _as_path(hf_name: str | None) -> Path | None:
     return None
 
 
-def _first_file(folder: Path, names: tuple[str, ...]) -> Path | None:
-    return next((folder / n for n in names if (folder / n).is_file()), None)
+def _first_file(folder: Path, choices: tuple[FileChoice, ...]) -> tuple[Path, ...] | None:
+    """The files of the first candidate that exists (a group: all of its files exist)."""
+    for choice in choices:
+        paths = tuple(folder / n for n in ((choice,) if isinstance(choice, str) else choice))
+        if all(p.is_file() for p in paths):
+            return paths
+    return None
 
 
-def _file_rows(spec: DatasetSpec, split: str, path: Path) -> _Rows:
-    for ref, row in read_records(path):
-        yield ref, row, f"{spec.name}-{split}-{ref.line}"
+def _origin(paths: tuple[Path, ...]) -> str:
+    return " + ".join(str(p) for p in paths)
+
+
+def _file_rows(spec: DatasetSpec, split: str, paths: tuple[Path, ...]) -> _Rows:
+    """Every row of the files in order; default ids name the file when there are several."""
+    for path in paths:
+        prefix = f"{spec.name}-{split}-" + (f"{path.stem}-" if len(paths) > 1 else "")
+        for ref, row in read_records(path):
+            yield ref, row, f"{prefix}{ref.line}"
 
 
 def _hub_rows(spec: DatasetSpec, split: str, hub: HubSource, parts: list[tuple[Any, Any]]) -> _Rows:
@@ -274,9 +330,9 @@ def _hub_rows(spec: DatasetSpec, split: str, hub: HubSource, parts: list[tuple[A
 def _unavailable(
     spec: DatasetSpec, split_spec: SplitSpec, hub: HubSource | None, local_reason: str, hub_reason: str
 ) -> DataError:
-    local_fix = f"set --data-dir / {DATA_DIR_ENV} to a folder with {spec.name}/{split_spec.files[0]}"
+    local_fix = f"set --data-dir / {DATA_DIR_ENV} to a folder with {spec.name}/{choice_name(split_spec.files[0])}"
     if hub is None:
-        fix = f"{local_fix}; {spec.no_hub or 'this split has no hub copy'}"
+        fix = f"{local_fix}; {split_spec.missing or spec.no_hub or 'this split has no hub copy'}"
     else:
         fix = (
             f"{local_fix}, or install `optima[train]` and allow network access to load "

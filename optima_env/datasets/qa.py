@@ -129,11 +129,17 @@ def twowiki_sample(
     Source schema (the original release, ``dev.json`` / ``train.json``, a JSON array): ``_id``,
     ``type``, ``question``, ``context`` ``[[title, [sentences]]]``, ``supporting_facts``
     ``[[title, sent_id]]``, ``evidences`` ``[[subject, relation, object]]``, ``answer``. The local
-    ``dev_qa_only.jsonl`` has ``id``, ``question``, ``answer``, ``answer_aliases`` and
-    ``context``/``supporting_facts`` null.
+    copies have ``id``, ``question``, ``answer``, ``answer_aliases``, ``type``, ``context``
+    ``[{title, sentences}]``, ``supporting_facts`` ``[{title, sent_id}]`` and ``sf_granularity``:
+    ``sentence`` (``dev_200_context.jsonl``, the official facts) or ``paragraph``
+    (``dev_ircot_paragraphs.jsonl``: one "sentence" per paragraph and one fact, ``sent_id`` 0, per
+    supporting paragraph, in context order); ``dev_qa_only.jsonl`` has ``context`` and
+    ``supporting_facts`` null.
 
     ``supporting_titles`` = the supporting-fact titles in listed order (one per fact, as the
     reference code deals them); ``answers`` = answer then aliases, de-duplicated.
+    ``metadata["sf_granularity"]`` = the row's ``sf_granularity``, else ``sentence`` for rows
+    with contexts (the original release's facts are sentences).
 
     Raises:
         DataError: ``context`` is missing or null and ``require_context`` is true.
@@ -160,13 +166,16 @@ def twowiki_sample(
         context = _paragraphs(row["context"], ref, "context")
         facts = ref.get(row, "supporting_facts", (list, dict))
         titles = tuple(_fact_titles(facts, ref, "supporting_facts"))
+    metadata = _extras(row, "type", "evidences", "dev_index", "source")
+    if context:
+        metadata["sf_granularity"] = row.get("sf_granularity") or "sentence"
     return TaskSample(
         id=sample_id(row, default_id),
         question=question,
         answers=unique((answer, *aliases)),
         context=context,
         supporting_titles=titles,
-        metadata=_extras(row, "type", "evidences", "dev_index"),
+        metadata=metadata,
     )
 
 

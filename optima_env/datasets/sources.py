@@ -18,7 +18,16 @@ from optima_env.datasets.qa import cbt_sample, hotpotqa_sample, triviaqa_sample,
 from optima_env.errors import DataError
 from optima_env.types import TaskSample
 
-__all__ = ["DATASETS", "DatasetSpec", "HubSource", "SplitSpec", "get_spec", "parse_hub_name"]
+__all__ = [
+    "DATASETS",
+    "DatasetSpec",
+    "FileChoice",
+    "HubSource",
+    "SplitSpec",
+    "choice_name",
+    "get_spec",
+    "parse_hub_name",
+]
 
 Converter = Callable[..., TaskSample]
 """``convert(row, ref: RowRef, default_id: str, **options) -> TaskSample``."""
@@ -42,12 +51,29 @@ class HubSource:
         return RowRef(f"hub {self.name}{':' + config if config else ''} [{self.split}]", row, "row")
 
 
+FileChoice = str | tuple[str, ...]
+"""One candidate of a split: a file name, or a group of files read together as one split."""
+
+
+def choice_name(choice: FileChoice) -> str:
+    """A candidate as messages show it: ``dev.json`` or ``a.jsonl + b.jsonl`` (a group)."""
+    return choice if isinstance(choice, str) else " + ".join(choice)
+
+
 @dataclass(frozen=True, slots=True)
 class SplitSpec:
-    """One split: candidate local file names (first existing wins) and its hub copy, if any."""
+    """One split: candidate local files (first existing wins) and its hub copy, if any.
 
-    files: tuple[str, ...]
+    A candidate is a file name or a tuple of names, a *group*: used when every file of it exists,
+    and read as one split (the files in order, their union de-duplicated by question, the first
+    occurrence kept; :func:`~optima_env.datasets.loading.load_samples_with_report` counts the
+    rows left out). ``missing`` says, when no candidate exists and there is no hub copy, how to
+    provide the split (it replaces the dataset's generic :attr:`DatasetSpec.no_hub` advice).
+    """
+
+    files: tuple[FileChoice, ...]
     hub: HubSource | None
+    missing: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +108,20 @@ def _splits(**splits: SplitSpec) -> Mapping[str, SplitSpec]:
     return MappingProxyType(dict(splits))
 
 
+TWOWIKI_DEV_CONTEXTS = ("dev_200_context.jsonl", "dev_ircot_paragraphs.jsonl")
+"""The local 2WikiMultihopQA dev copy with contexts: 200 official dev rows with sentence-level
+supporting facts, then IRCoT's 600 dev rows with paragraph-level support (read as one split; the
+sentence-level row wins for the questions in both)."""
+TWOWIKI_NO_TRAIN = (
+    "no 2WikiMultihopQA train split is provided (the local copy holds dev questions only); take "
+    "train.json from the original release (github.com/Alab-NII/2wikimultihop, the data linked from "
+    "its README: train.json, dev.json, test.json) and put it in <data_dir>/2wikimultihopqa/, where "
+    "the 'train' split finds it, or pass the task argument hf_name=<a folder holding train.json "
+    "and dev.json> (trainers: --set 'task_kwargs={\"hf_name\": \"/path/to/folder\"}'); a file "
+    "path given as hf_name is read for every split, evaluation included"
+)
+"""How to provide 2WikiMultihopQA ``train`` (the error when it is missing)."""
+
 _HOTPOT = "hotpotqa/hotpot_qa"  # formerly `hotpot_qa`
 _TRIVIA = ("mandarjoshi/trivia_qa", "rc.nocontext")  # `trivia_qa`/`rc` rows without page texts
 _CBT = ("cam-cst/cbt", "CN")
@@ -102,7 +142,7 @@ _MMLU = ("cais/mmlu", "all")
 
 def _build() -> Mapping[str, DatasetSpec]:
     hotpot_eval = SplitSpec(("dev.jsonl", "validation.jsonl"), _hub(_HOTPOT, "distractor", "validation"))
-    wiki_dev = SplitSpec(("dev.json", "dev.jsonl", "dev_qa_only.jsonl"), None)
+    wiki_dev = SplitSpec(("dev.json", "dev.jsonl", TWOWIKI_DEV_CONTEXTS, "dev_qa_only.jsonl"), None)
     trivia_eval = SplitSpec(("validation.jsonl", "test_qa_only.jsonl"), _hub(*_TRIVIA, "validation"))
     mmlu = {
         s: SplitSpec((f"{s}.jsonl",), _hub(*_MMLU, s))
@@ -122,7 +162,11 @@ def _build() -> Mapping[str, DatasetSpec]:
         DatasetSpec(
             "2wikimultihopqa",
             twowiki_sample,
-            _splits(train=SplitSpec(("train.json", "train.jsonl"), None), test=wiki_dev, dev=wiki_dev),
+            _splits(
+                train=SplitSpec(("train.json", "train.jsonl"), None, missing=TWOWIKI_NO_TRAIN),
+                test=wiki_dev,
+                dev=wiki_dev,
+            ),
             context_option=True,
             no_hub="2WikiMultihopQA has no Hugging Face hub copy: put the original release "
             "(dev.json / train.json) in <data_dir>/2wikimultihopqa/ or pass hf_name=<path to the "

@@ -162,14 +162,17 @@ def test_mmlu_train_drops_arc_questions_and_shuffles(real_data: Path) -> None:
 
 @pytest.mark.data
 def test_question_only_copies_need_opt_in(real_data: Path) -> None:
+    # 2Wiki's question-only copy is the last candidate (the copy with contexts wins), so it is read
+    # only when named, or when it is the only file of the folder
     wiki = real_data / "2wikimultihopqa" / "dev_qa_only.jsonl"
+    assert load_samples("2wikimultihopqa", "test", limit=1)[0].context  # the contexts' copy wins
     with pytest.raises(
         DataError,
         match=rf"{re.escape(str(wiki))}, line 1: field 'context': "
         r"null: .*original 2WikiMultihopQA release",
     ):
-        load_samples("2wikimultihopqa", "test")
-    closed = load_samples("2wikimultihopqa", "test", require_context=False, limit=2)
+        load_samples("2wikimultihopqa", "test", hf_name=str(wiki))
+    closed = load_samples("2wikimultihopqa", "test", hf_name=str(wiki), require_context=False, limit=2)
     assert closed[1].answers == ("Mask of Fu Manchu", "The Mask of Fu Manchu")
     assert closed[1].context == () and closed[1].supporting_titles == ()
     trivia = real_data / "triviaqa" / "test_qa_only.jsonl"
