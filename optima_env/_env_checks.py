@@ -26,7 +26,6 @@ __all__ = [
     "check_action",
     "check_env_options",
     "check_seed",
-    "checked_score",
     "draw_instance",
     "episode_over",
     "episode_record",
@@ -194,17 +193,6 @@ def episode_record(
         lm_loss=lm_loss,
         metadata={"scorer": scorer},
     )
-
-
-def checked_score(task: Task, answer: str | None, sample: TaskSample, *, tokenizer: Any = None) -> float:
-    """The task's score of ``answer`` (with the policy's ``tokenizer`` when the task takes one,
-    :func:`~optima_env.families.scoring.score_with_tokenizer`), which must lie in [0, 1]."""
-    from optima_env.families.scoring import score_with_tokenizer
-
-    score = score_with_tokenizer(task, answer, sample, tokenizer)
-    if not 0.0 <= score <= 1.0:
-        raise TaskContractError(f"task {task.id!r} scored {score!r}; scores must lie in [0, 1]")
-    return score
 
 
 def readability_loss(

@@ -9,7 +9,7 @@ Conversation rules (spec §2.4, the reference code's behaviour):
   extraction), the episode **terminates** if it equals the current answer exactly; otherwise it
   becomes the current answer. The final answer is the current answer when the episode ends.
   ``termination="all_agents"`` (the paper's rule, spec §13 item 12) ends it instead once every
-  agent's latest answer is the same (:mod:`optima_env._termination`).
+  agent's latest answer is the same (:mod:`optima_env.rules`).
 * After ``max_turns`` turns (default 10) the episode is **truncated**.
 * A turn of ``turn_token_cap`` tokens or more (default 2000), or of more than
   ``MAX_CHARS_PER_TOKEN`` (16) characters per token of that cap whatever the counter says, is
@@ -44,17 +44,16 @@ from optima_env._env_checks import (
     check_action,
     check_env_options,
     check_seed,
-    checked_score,
     draw_instance,
     episode_over,
     episode_record,
     not_reset,
     readability_loss,
 )
-from optima_env._termination import AnswerTracker, check_termination
 from optima_env.errors import TaskContractError
 from optima_env.families.scoring import scorer_name
 from optima_env.reward import LARGE_TURN_MARKER, RewardConfig, score_episode
+from optima_env.rules import AnswerTracker, check_termination, checked_score
 from optima_env.spaces import ACTION_MAX_LENGTH, OBSERVATION_MAX_LENGTH, ConversationText, TextObservation
 from optima_env.task import Task
 from optima_env.tokens import MAX_CHARS_PER_TOKEN, as_token_counter

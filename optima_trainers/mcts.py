@@ -51,10 +51,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from optima_env._env_checks import checked_score
 from optima_env.errors import ScoringError, TaskContractError
 from optima_env.policy import ChatPolicy, SamplingParams
 from optima_env.rollout import job_seed
+from optima_env.rules import checked_score
 from optima_env.task import Task
 from optima_env.types import Episode
 from optima_trainers.mcts_async import Expansion, ExpansionScheduler

@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 import editdistance
 
-from optima_env._termination import AnswerTracker, check_termination
 from optima_env.errors import TaskContractError
+from optima_env.rules import AnswerTracker, check_termination
 from optima_env.types import Episode, Turn
 from optima_trainers.types import PreferencePair
 
