@@ -46,7 +46,7 @@ from optima_env.errors import TaskContractError
 from optima_env.families.scoring import score_with_tokenizer, scorer_name
 from optima_env.policy import SamplingParams
 from optima_env.scoring import f1, majority_vote
-from optima_env.task import Task
+from optima_env.task import Task, evidence, require_evidence
 from optima_env.types import AgentView, Episode, TaskSample
 
 __all__ = [
@@ -86,11 +86,25 @@ class PlaySettings:
 class _Wrapped(Task):
     def __init__(self, inner: Task) -> None:
         self.inner = inner
+        self._split = "test"
+        self._evidence_checked = False
         self.family = inner.family  # type: ignore[misc]
         self.bind(inner.id)
 
     def samples(self, split: str) -> Sequence[TaskSample]:
+        self._split = split
         return self.inner.samples(split)
+
+    def evidence(self, views: Mapping[str, AgentView]) -> tuple[str, ...]:
+        """The instance's evidence (:func:`optima_env.task.evidence`); the first time an
+        information-exchange instance has none, the task is checked to declare evidence at all
+        (:func:`~optima_env.task.require_evidence` on the split's first instances), so a task
+        that hides it fails instead of playing its baselines on the bare question."""
+        units = evidence(views)
+        if not units and not self._evidence_checked:
+            require_evidence(self.inner, self.inner.samples(self._split)[:3])
+            self._evidence_checked = True
+        return units
 
     def extract_answer(self, text: str) -> str | None:
         return self.inner.extract_answer(text)
@@ -105,16 +119,6 @@ class _Wrapped(Task):
     def scorer_name(self, tokenizer: Any = None) -> str:
         """The inner task's scorer."""
         return scorer_name(self.inner, tokenizer)
-
-
-def _evidence(views: Mapping[str, AgentView], sample: TaskSample) -> list[str]:
-    """Every agent's private evidence, in speaking order, each unit once."""
-    lines: list[str] = []
-    for view in views.values():
-        lines.extend(u for u in view.private if u not in lines)
-    if not lines:  # tasks that keep the evidence in the prompt only: fall back to the sample
-        lines = [p.text for p in sample.context if p.text]
-    return lines
 
 
 class SingleAgentTask(_Wrapped):
@@ -137,7 +141,7 @@ class SingleAgentTask(_Wrapped):
         self, sample: TaskSample, *, rng: random.Random, format_index: int | None = None
     ) -> Mapping[str, AgentView]:
         inner_views = self.inner.views(sample, rng=rng, format_index=None)
-        information = _evidence(inner_views, sample) if self.family == "information_exchange" else []
+        information = self.evidence(inner_views)
         prompt = cot_prompt(sample, information, kind=self.kind)
         agent = self.agents[0]
         return {
@@ -168,6 +172,7 @@ class StyledTask(_Wrapped):
             if views is not None:
                 return views
         views = self.inner.views(sample, rng=rng, format_index=None)
+        self.evidence(views)
         if self.kind is None:  # unknown answer format: keep the task's own prompts
             return views
         text = NATURAL_STYLE if self.style == "natural" else AUTOFORM_STYLE

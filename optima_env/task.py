@@ -16,7 +16,16 @@ from typing import ClassVar
 from optima_env.errors import TaskContractError
 from optima_env.types import AgentView, TaskSample
 
-__all__ = ["DEFAULT_AGENTS", "FAMILY_METRICS", "Task", "agent_names", "metric_name"]
+__all__ = [
+    "DEFAULT_AGENTS",
+    "FAMILY_METRICS",
+    "Task",
+    "agent_names",
+    "evidence",
+    "metric_name",
+    "needs_evidence",
+    "require_evidence",
+]
 
 DEFAULT_AGENTS: tuple[str, ...] = ("Alice", "Bob", "Charlie", "Dave", "Eve", "Frank")
 FAMILY_METRICS: Mapping[str, str] = {"information_exchange": "F1", "debate": "accuracy"}
@@ -33,6 +42,51 @@ def metric_name(task: Task | None, family: str = "") -> str:
     if isinstance(declared, str) and declared.strip():
         return declared.strip()
     return FAMILY_METRICS.get(getattr(task, "family", None) or family, "score")
+
+
+def needs_evidence(task: Task | None, family: str = "") -> bool:
+    """Whether ``task`` deals private evidence to its agents: an information-exchange task does
+    (its agents must pool what they hold), a debate task does not.
+
+    >>> needs_evidence(None, "information_exchange"), needs_evidence(None, "debate")
+    (True, False)
+    """
+    return (getattr(task, "family", None) or family) == "information_exchange"
+
+
+def evidence(views: Mapping[str, AgentView]) -> tuple[str, ...]:
+    """The task's evidence for one instance: every agent's :attr:`AgentView.private`, in speaking
+    order, each unit once. ``AgentView.private`` is the one declaration of what an agent holds: the
+    env records it, the single-agent baselines (CoT, SC) are shown all of it, MAD and AutoForm deal
+    it to the same agents, and :func:`optima_env.testing.check_task` fails an information-exchange
+    task whose views declare none.
+
+    >>> a = AgentView(agent="Alice", system_prompt="p", base_system_prompt="p", private=("x", "y"))
+    >>> b = AgentView(agent="Bob", system_prompt="p", base_system_prompt="p", private=("y", "z"))
+    >>> evidence({"Alice": a, "Bob": b})
+    ('x', 'y', 'z')
+    """
+    units: list[str] = []
+    for view in views.values():
+        units.extend(u for u in view.private if u not in units)
+    return tuple(units)
+
+
+def require_evidence(task: Task, samples: Sequence[TaskSample], *, seed: int = 0) -> None:
+    """Raise :class:`TaskContractError` when ``task`` needs evidence (:func:`needs_evidence`) but
+    its views declare none for any of ``samples`` (dealt with ``random.Random(seed + i)``): its
+    baselines would see only the question and score meaninglessly. One instance without evidence
+    is fine (a TriviaQA question without search results); a task that never declares any is not."""
+    if not needs_evidence(task) or not samples:
+        return
+    for i, sample in enumerate(samples):
+        if evidence(task.views(sample, rng=random.Random(seed + i), format_index=None)):
+            return
+    raise TaskContractError(
+        f"task {task.id!r} (information exchange) declares no evidence: every AgentView.private "
+        f"of its first {len(samples)} instance(s) is empty, so its baselines would see only the "
+        "question; list each agent's facts as AgentView(..., private=(fact, ...)) in views()"
+    )
 
 
 def agent_names(num_agents: int) -> tuple[str, ...]:
@@ -81,7 +135,9 @@ class Task(abc.ABC):
     def views(
         self, sample: TaskSample, *, rng: random.Random, format_index: int | None = None
     ) -> Mapping[str, AgentView]:
-        """What each agent is told for ``sample``.
+        """What each agent is told for ``sample``. An information-exchange task declares the
+        evidence it deals in each view's ``private`` (also shown in that agent's prompt): it is
+        what the baselines are shown (see :func:`evidence`).
 
         Args:
             sample: the instance.

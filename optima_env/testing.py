@@ -16,6 +16,8 @@ what was wrong; a clean run returns a :class:`CheckReport` listing what was chec
 ``views``         one view per agent, non-empty prompts, the same rng seed gives the same views
 ``formats``       without a format the prompt is the base prompt; with pool format ``k`` the base
                   prompt is exactly the prompt without it, and some agent's prompt differs
+``evidence``      an information-exchange task declares the evidence it deals (``AgentView.private``
+                  of some agent, each unit shown in that agent's prompt): what the baselines see
 ``extract``       ``extract_answer`` returns ``str | None`` on junk text and never raises
 ``score``         every score is a number in [0, 1] (for ``None``, junk and gold); the gold
                   answer scores 1 (and, with ``answer_text``, a turn carrying it, once extracted)
@@ -27,8 +29,12 @@ what was wrong; a clean run returns a :class:`CheckReport` listing what was chec
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import math
+import warnings
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,7 +45,7 @@ from optima_env.errors import TaskContractError
 from optima_env.policy import GenerationRequest, ScriptedPolicy
 from optima_env.registry import make_task
 from optima_env.rollout import run_episode
-from optima_env.task import Task
+from optima_env.task import Task, needs_evidence, require_evidence
 from optima_env.types import AgentView, Episode, TaskSample
 
 if TYPE_CHECKING:
@@ -146,6 +152,9 @@ def check_task(
     for index, sample in enumerate(picked):
         _check_views(task, sample, index, fail)
     checks += ["views", "formats"]
+    if needs_evidence(task):
+        _check_evidence(task, picked, fail)
+        checks.append("evidence")
     for sample in picked:
         _check_scoring(task, sample, answer_text, fail)
     checks += ["extract", "score"]
@@ -221,6 +230,22 @@ def _check_views(task: Task, sample: TaskSample, index: int, fail: _Fail) -> Non
             raise fail("formats", f"format {k} changed no agent's system_prompt")
 
 
+def _check_evidence(task: Task, picked: Sequence[TaskSample], fail: _Fail) -> None:
+    try:
+        require_evidence(task, picked)
+    except TaskContractError as exc:
+        raise fail("evidence", str(exc)) from exc
+    for index, sample in enumerate(picked):
+        for agent, view in _views(task, sample, index, None, fail).items():
+            hidden = [u for u in view.private if u not in view.base_system_prompt]
+            if hidden:
+                raise fail(
+                    "evidence",
+                    f"sample {sample.id!r}: {agent}'s private unit {hidden[0]!r:.80} is not in its "
+                    "prompt; AgentView.private must list the evidence the prompt shows, verbatim",
+                )
+
+
 def _score(task: Task, answer: str | None, sample: TaskSample, fail: _Fail) -> float:
     try:
         value = task.score(answer, sample)
@@ -283,6 +308,7 @@ def _check_pettingzoo(new_env: Callable[..., ConversationEnv], cycles: int, fail
     from pettingzoo.test import api_test, parallel_api_test, seed_test
     from pettingzoo.utils.conversions import aec_to_parallel
 
+    quiet = _Quiet()
     for name, run in (
         ("api_test", lambda: api_test(new_env(), num_cycles=cycles)),
         ("seed_test", lambda: seed_test(new_env, num_cycles=cycles)),
@@ -292,6 +318,26 @@ def _check_pettingzoo(new_env: Callable[..., ConversationEnv], cycles: int, fail
         ),
     ):
         try:
-            run()
+            with quiet:
+                run()
         except AssertionError as exc:
             raise fail("api_test", f"PettingZoo {name} failed: {exc or type(exc).__name__}") from exc
+
+
+class _Quiet:
+    """Silences PettingZoo's tests while they pass: their progress prints, their generic warnings
+    (space types, agent names) and the env's notice about the test's made-up reset options, none
+    of which is about the task. A failing test still raises its AssertionError."""
+
+    def __enter__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+        self._stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore", UserWarning)
+        env_logger = logging.getLogger("optima_env.conversation_env")
+        level = env_logger.level
+        env_logger.setLevel(logging.ERROR)
+        self._stack.callback(env_logger.setLevel, level)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()

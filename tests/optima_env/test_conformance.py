@@ -125,14 +125,16 @@ class FormatTask(TinyTask):
         deal = rng.random() if self.bug != "global_random" else random.random()
         views = {}
         for agent in self.agents[: 1 if self.bug == "missing_agent" else None]:
-            base = f"You are {agent}. {sample.question} ({deal:.3f})"
+            fact = f"{agent} holds clue {sample.id}."
+            base = f"You are {agent}. {sample.question} {fact} ({deal:.3f})"
             block = "" if format_index is None else f"\nFormat {format_index}: k=v"
             prompt = base + block
             if self.bug == "block_in_base":
                 base = prompt
             if self.bug == "no_block":
                 prompt = base
-            views[agent] = AgentView(agent=agent, system_prompt=prompt, base_system_prompt=base)
+            private = {"hidden_evidence": (), "evidence_not_in_prompt": ("another clue",)}.get(self.bug, (fact,))
+            views[agent] = AgentView(agent=agent, system_prompt=prompt, base_system_prompt=base, private=private)
         return views
 
     def extract_answer(self, text: str) -> str | None:
@@ -164,6 +166,8 @@ def test_a_correct_task_passes() -> None:
         ("no_block", "formats"),
         ("extract_raises", "extract"),
         ("extract_returns_list", "extract"),
+        ("hidden_evidence", "evidence"),
+        ("evidence_not_in_prompt", "evidence"),
         ("score_above_one", "score"),
         ("gold_scores_zero", "score"),
     ],
