@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from optima_env import configtree
-from optima_env.errors import OptimaError
+from optima_env.errors import RunConfigError
 from optima_env.reward import RewardConfig
 
 __all__ = [
@@ -23,10 +23,6 @@ __all__ = [
     "parse_args",
     "vllm_options",
 ]
-
-
-class RunConfigError(OptimaError, ValueError):
-    """Raised when a run cannot start as configured (a conflicting resume, a missing suite module)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,7 +35,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from optima_env.errors import TaskContractError
+from optima_env.errors import ConfigError
 
 __all__ = [
     "ConfigError",
@@ -51,10 +51,6 @@ __all__ = [
     "parse_value",
     "to_dict",
 ]
-
-
-class ConfigError(TaskContractError):
-    """Raised when a configuration value or key is not valid (names the key, the value and the fix)."""
 
 
 @functools.cache

@@ -7,26 +7,41 @@ builtin it refines, so that a generic ``except LookupError`` or ``except ValueEr
     ├── UnknownTaskError        (LookupError)   a task id that is not registered
     ├── PluginError             (RuntimeError)  a plugin that breaks the contract (e.g. duplicate ids)
     ├── TaskContractError       (ValueError)    a task or env used against its contract
-    │   └── EpisodeOverError                    a non-None action after the episode ended
+    │   ├── EpisodeOverError                    a non-None action after the episode ended
+    │   └── ConfigError                         a configuration key or value that is not valid
     ├── EnvNotResetError        (RuntimeError)  an env used before its first ``reset()``
     ├── DataError               (ValueError)    a dataset file or row that is malformed or missing
+    │   └── CorruptCheckpointError              checkpoint files that no longer match their manifest
     ├── ScoringError            (ValueError)    a scorer fed input it cannot score
     ├── BackendError            (RuntimeError)  a generation backend failed (after its retries)
+    │   └── RolloutError                        the policy failed in ``rollout``; keeps finished episodes
+    ├── RunConfigError          (ValueError)    a benchmark run that cannot start as configured
     └── MissingDependencyError  (ImportError)   an optional extra is not installed
+
+Every exception class of ``optima_env``, ``optima_trainers`` and ``benchmarks`` is defined here
+(the modules that raise them import them from here), and ``tests/test_structure.py`` checks that
+each one derives from :class:`OptimaError` and is drawn above.
 
 Messages say what was expected, what was got, and what to do.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 __all__ = [
     "BackendError",
+    "ConfigError",
+    "CorruptCheckpointError",
     "DataError",
     "EnvNotResetError",
     "EpisodeOverError",
     "MissingDependencyError",
     "OptimaError",
     "PluginError",
+    "RolloutError",
+    "RunConfigError",
     "ScoringError",
     "TaskContractError",
     "UnknownTaskError",
@@ -53,6 +68,10 @@ class EpisodeOverError(TaskContractError):
     """Raised when a finished agent is given an action other than ``None`` (PettingZoo's rule)."""
 
 
+class ConfigError(TaskContractError):
+    """Raised when a configuration value or key is not valid (names the key, the value and the fix)."""
+
+
 class EnvNotResetError(OptimaError, RuntimeError):
     """Raised when an environment is stepped or observed before its first ``reset()``."""
 
@@ -61,12 +80,53 @@ class DataError(OptimaError, ValueError):
     """Raised when a dataset file or one of its rows is missing or malformed."""
 
 
+class CorruptCheckpointError(DataError):
+    """Raised when a checkpoint's files no longer match the manifest in its ``COMPLETE`` marker."""
+
+
 class ScoringError(OptimaError, ValueError):
     """Raised when a scorer gets input it cannot score (never silently scored 0)."""
 
 
 class BackendError(OptimaError, RuntimeError):
     """Raised when a generation backend fails, after any retries it makes."""
+
+
+class RolloutError(BackendError):
+    """The policy failed during :func:`~optima_env.rollout.rollout`; the episodes finished before it
+    are kept.
+
+    Attributes:
+        finished: ``{job position: Episode}`` of every episode that ended before the failure.
+        pending: positions of the jobs that did not finish (in flight or not started), sorted.
+        jobs: every :class:`~optima_env.rollout.RolloutJob` by position: the given ones, then those
+            ``refill`` returned.
+
+    (Typed ``Any`` here: this module is imported by every other one, so it names no record type.)
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        finished: Mapping[int, Any],
+        pending: Sequence[int],
+        jobs: Sequence[Any] = (),
+    ) -> None:
+        super().__init__(message)
+        self.finished: dict[int, Any] = dict(sorted(finished.items()))
+        self.pending: list[int] = sorted(pending)
+        self.jobs: list[Any] = list(jobs)
+
+    @property
+    def episodes(self) -> list[Any]:
+        """The finished episodes, in job order."""
+        return list(self.finished.values())
+
+
+class RunConfigError(OptimaError, ValueError):
+    """Raised when a benchmark run cannot start as configured (a conflicting resume, a missing suite
+    module)."""
 
 
 class MissingDependencyError(OptimaError, ImportError):

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optima_env.conversation_env import ConversationEnv
-from optima_env.errors import BackendError, TaskContractError
+from optima_env.errors import RolloutError, TaskContractError
 from optima_env.policy import ChatPolicy, GenerationRequest, SamplingParams, speaker_stops
 from optima_env.task import Task
 from optima_env.types import Episode
@@ -51,34 +51,6 @@ class RolloutJob:
     index: int
     sample: int
     seed: int
-
-
-class RolloutError(BackendError):
-    """The policy failed during :func:`rollout`; the episodes finished before it are kept.
-
-    Attributes:
-        finished: ``{job position: Episode}`` of every episode that ended before the failure.
-        pending: positions of the jobs that did not finish (in flight or not started), sorted.
-        jobs: every job by position: the given ones, then those ``refill`` returned.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        finished: Mapping[int, Episode],
-        pending: Sequence[int],
-        jobs: Sequence[RolloutJob] = (),
-    ) -> None:
-        super().__init__(message)
-        self.finished: dict[int, Episode] = dict(sorted(finished.items()))
-        self.pending: list[int] = sorted(pending)
-        self.jobs: list[RolloutJob] = list(jobs)
-
-    @property
-    def episodes(self) -> list[Episode]:
-        """The finished episodes, in job order."""
-        return list(self.finished.values())
 
 
 def job_seed(seed: int, index: int, sample: int) -> int:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optima_env.errors import DataError
+from optima_env.errors import CorruptCheckpointError, DataError
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -49,10 +49,6 @@ COMPLETE_MARKER = "COMPLETE"
 ``files`` manifest: relative path -> ``{"size": bytes, "sha256": hex}``)."""
 
 _CHUNK = 1 << 20
-
-
-class CorruptCheckpointError(DataError):
-    """Raised when a checkpoint's files no longer match the manifest in its ``COMPLETE`` marker."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
