@@ -162,7 +162,9 @@ def load_samples_with_report(
         return _mmlu_train(spec, split_spec, data_dir, source, limit, hf_name, filter_arc)
     rows, origin, grouped = _open(spec, split, split_spec, data_dir, source, hf_name)
     if not grouped:
-        samples = [spec.convert(row, ref, default_id, **options) for ref, row, default_id in islice(rows, limit)]
+        samples = [
+            spec.convert(row, ref, default_id, **options) for ref, row, default_id in islice(rows, limit)
+        ]
         report = LoadReport(spec.name, split, origin, len(samples), len(samples))
         logger.info("loaded %d %s/%s samples from %s", len(samples), spec.name, split, origin)
         return samples, report
@@ -330,7 +332,9 @@ def _hub_rows(spec: DatasetSpec, split: str, hub: HubSource, parts: list[tuple[A
 def _unavailable(
     spec: DatasetSpec, split_spec: SplitSpec, hub: HubSource | None, local_reason: str, hub_reason: str
 ) -> DataError:
-    local_fix = f"set --data-dir / {DATA_DIR_ENV} to a folder with {spec.name}/{choice_name(split_spec.files[0])}"
+    local_fix = (
+        f"set --data-dir / {DATA_DIR_ENV} to a folder with {spec.name}/{choice_name(split_spec.files[0])}"
+    )
     if hub is None:
         fix = f"{local_fix}; {split_spec.missing or spec.no_hub or 'this split has no hub copy'}"
     else:

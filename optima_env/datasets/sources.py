@@ -117,7 +117,7 @@ TWOWIKI_NO_TRAIN = (
     "train.json from the original release (github.com/Alab-NII/2wikimultihop, the data linked from "
     "its README: train.json, dev.json, test.json) and put it in <data_dir>/2wikimultihopqa/, where "
     "the 'train' split finds it, or pass the task argument hf_name=<a folder holding train.json "
-    "and dev.json> (trainers: --set 'task_kwargs={\"hf_name\": \"/path/to/folder\"}'); a file "
+    'and dev.json> (trainers: --set \'task_kwargs={"hf_name": "/path/to/folder"}\'); a file '
     "path given as hf_name is read for every split, evaluation included"
 )
 """How to provide 2WikiMultihopQA ``train`` (the error when it is missing)."""
