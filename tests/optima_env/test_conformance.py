@@ -4,7 +4,7 @@ Each registered task runs the full suite: views, the format pool, answer extract
 scores in [0, 1] with the gold answer scoring 1, seed reproducibility with a scripted policy,
 and PettingZoo's ``api_test``, ``seed_test`` and ``parallel_api_test``. Dataset tasks play their
 real ``test`` split when ``OPTIMA_DATA_DIR`` holds it, and otherwise fixtures written in the
-upstream schemas (2WikiMultihopQA, TriviaQA and CBT always use fixtures on this machine).
+upstream schemas (TriviaQA and CBT always use fixtures on this machine).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The information-exchange tasks: context dealing per spec §2.1, switches, formats, episodes.
 
-HotpotQA runs on real rows when OPTIMA_DATA_DIR is set; 2WikiMultihopQA, TriviaQA and CBT (no
-context data on this machine) and the dealing details run on fixtures in the upstream schemas.
+HotpotQA runs on real rows when OPTIMA_DATA_DIR is set; 2WikiMultihopQA, TriviaQA and CBT and the
+dealing details run on fixtures in the upstream schemas (2WikiMultihopQA's real rows:
+tests/plugins/test_2wikimultihopqa_real.py).
 """
 
 from __future__ import annotations
