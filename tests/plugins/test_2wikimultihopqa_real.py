@@ -170,3 +170,21 @@ def test_check_task_and_pettingzoo_suites_on_real_rows(wiki_dir: Path, granulari
     report = check_task(task, api_cycles=10)
     assert report.samples_checked == 3 and report.formats_checked == 11
     assert {"evidence", "episode_seed", "api_test"} <= set(report.checks)
+
+
+# -- the benchmark suite that plays the baselines report ---------------------------------------------
+def test_the_baselines_suite_plays_the_demos_hotpotqa_baselines_settings() -> None:
+    from benchmarks.demo_tasks import DEMO_TASKS, eval_settings
+    from benchmarks.suites import get_suite
+
+    suite, hotpot = get_suite("baselines"), next(t for t in DEMO_TASKS if t.name == "hotpotqa")
+    settings = eval_settings(hotpot)
+    assert suite.tasks == ((TASK,),) and suite.methods == hotpot.baselines == ("cot", "sc", "mad", "autoform")
+    assert suite.instances == hotpot.eval_instances == 100 and suite.adapters == ()
+    assert (suite.max_turns, suite.max_new_tokens, suite.sc_n) == (
+        settings.max_turns,
+        settings.max_new_tokens,
+        settings.sc_n,
+    )
+    assert suite.stop_at_speaker_tags is settings.stop_at_speaker_tags is True
+    assert suite.task_kwargs[TASK] == hotpot.task_kwargs == {"style": "small"}
