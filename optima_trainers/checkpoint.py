@@ -65,6 +65,10 @@ class TrainResult:
     """Training examples (SFT) or preference pairs (DPO) the stage saw."""
     metrics: Mapping[str, float] = field(default_factory=dict)
     """Further scalars (``train_runtime``, eval loss, reward accuracies, ...)."""
+    history: tuple[Mapping[str, float], ...] = ()
+    """The trainer's whole log history, one record of scalars per logged step or evaluation (each
+    with ``step`` and ``epoch``); empty for a trainer that keeps none, and in records written
+    before it existed."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -74,6 +78,7 @@ class TrainResult:
             "steps": self.steps,
             "num_examples": self.num_examples,
             "metrics": dict(self.metrics),
+            "history": [dict(h) for h in self.history],
         }
 
     @classmethod
@@ -86,6 +91,7 @@ class TrainResult:
                 steps=int(data["steps"]),
                 num_examples=int(data["num_examples"]),
                 metrics=dict(data.get("metrics", {})),
+                history=tuple(dict(h) for h in data.get("history", ())),  # absent in older records
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"not a training summary: {exc}; got keys {sorted(data)}") from exc

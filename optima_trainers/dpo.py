@@ -28,6 +28,7 @@ from typing import Any
 from optima_env.errors import DataError, TaskContractError, require
 from optima_env.io import write_json_atomic
 from optima_trainers.checkpoint import TrainResult, atomic_checkpoint, is_complete
+from optima_trainers.dpo_metrics import numbers, result_metrics, split_loss_trainer
 from optima_trainers.faults import fault_point
 from optima_trainers.pairs import pairs_to_dpo_dataset
 from optima_trainers.sft import world_size
@@ -66,8 +67,11 @@ class DPOTrainConfig:
     """Linear warm-up fraction."""
     train_fraction: float = 0.9
     """The first 90% of the pairs train, the rest evaluate (not shuffled, spec §6.4)."""
-    evaluate: bool = False
-    """Compute the eval loss on the held-out pairs after training."""
+    evaluate: bool = True
+    """Evaluate on the held-out pairs (the last ``1 - train_fraction`` of them) at the end of every
+    epoch and of the stage: TRL's ``eval_*`` metrics (reward accuracy and margins, log-probs, the
+    loss and its DPO/NLL parts) go into the stage's history and metrics. A stage with too few
+    pairs for a held-out one records ``eval_pairs`` 0 and no ``eval_*``."""
     lora: bool = True
     """Train a LoRA adapter (merged into the weights when saved); False: full fine-tuning."""
     lora_r: int = 16
@@ -119,8 +123,10 @@ def dpo_args(
     output_dir: str | os.PathLike[str],
     report_to: str | list[str] = "none",
     seed: int = 0,
+    evaluate: bool = False,
 ):
-    """The TRL ``DPOConfig`` of a stage (fp32, no gradient checkpointing, CPU when there is no GPU)."""
+    """The TRL ``DPOConfig`` of a stage (fp32, no gradient checkpointing, CPU when there is no GPU);
+    ``evaluate``: evaluate the eval dataset at the end of every epoch."""
     torch = require("torch", "train")
     trl = require("trl", "train")
     per_device = min(config.per_device_batch_size, config.batch_size)
@@ -148,6 +154,7 @@ def dpo_args(
         report_to=report_to,
         save_strategy="no",
         logging_steps=config.logging_steps,
+        eval_strategy="epoch" if evaluate else "no",
         dataloader_num_workers=0,
         seed=seed,
         data_seed=seed,
@@ -164,6 +171,32 @@ def _fault_callback_class() -> Any:
             fault_point("train_step")
 
     return FaultCallback
+
+
+def _models(path: str, ref_model_path: str | None, config: DPOTrainConfig) -> tuple[Any, Any, Any]:
+    """The policy (fp32), the reference model when one is given, and the LoRA config (or None)."""
+    torch = require("torch", "train")
+    transformers = require("transformers", "train")
+    from optima_env.models import resolve_model_path
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ref_model = None
+    if ref_model_path is not None:
+        ref_model = transformers.AutoModelForCausalLM.from_pretrained(
+            resolve_model_path(ref_model_path), dtype=torch.float32
+        )
+    if not config.lora:
+        return model, ref_model, None
+    peft = require("peft", "train")
+    target = config.lora_target_modules
+    lora = peft.LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=target if isinstance(target, str) else list(target),
+        task_type="CAUSAL_LM",
+    )
+    return model, ref_model, lora
 
 
 def _prompt_tokens(tokenizer: Any, messages: Sequence[dict[str, str]]) -> int:
@@ -196,13 +229,14 @@ def train_dpo(
         seed: the run's seed (LoRA init, data order).
 
     Returns:
-        The :class:`~optima_trainers.checkpoint.TrainResult`; ``metrics`` holds ``wall_time_s``,
-        ``num_dropped`` (pairs whose prompt alone exceeded ``max_length``), the last logged
-        ``rewards/accuracies`` and ``rewards/margins``, and ``eval_loss`` when evaluated.
+        The :class:`~optima_trainers.checkpoint.TrainResult`: ``history`` holds TRL's whole log
+        history (every logged step with :data:`~optima_trainers.dpo_metrics.DPO_METRICS`, every
+        held-out evaluation as ``eval_*``); ``metrics`` ``wall_time_s``, ``num_dropped`` (pairs
+        whose prompt alone exceeded ``max_length``) and the summary of
+        :func:`~optima_trainers.dpo_metrics.result_metrics` (``eval_pairs``, ``epoch_<k>/*``,
+        ``eval_loss``, ``eval_rewards/accuracies``, ... when evaluated).
     """
-    torch = require("torch", "train")
     transformers = require("transformers", "train")
-    trl = require("trl", "train")
     datasets = require("datasets", "train")
     from optima_env.models import resolve_model_path
 
@@ -238,46 +272,32 @@ def train_dpo(
             f"every training pair's prompt has >= max_length={config.max_length} tokens; raise max_length"
         )
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    ref_model = None
-    if ref_model_path is not None:
-        ref_model = transformers.AutoModelForCausalLM.from_pretrained(
-            resolve_model_path(ref_model_path), dtype=torch.float32
-        )
-    peft_config = None
-    if config.lora:
-        peft = require("peft", "train")
-        target = config.lora_target_modules
-        peft_config = peft.LoraConfig(
-            r=config.lora_r,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout,
-            target_modules=target if isinstance(target, str) else list(target),
-            task_type="CAUSAL_LM",
-        )
+    model, ref_model, peft_config = _models(path, ref_model_path, config)
     trainer_dir = (
         Path(trainer_dir) if trainer_dir is not None else output_dir.with_name(output_dir.name + ".trainer")
     )
-    trainer = trl.DPOTrainer(
+    evaluate = config.evaluate and bool(eval_rows)
+    trainer = split_loss_trainer()(
         model=model,
         ref_model=ref_model,
-        args=dpo_args(config, output_dir=trainer_dir, report_to=report_to, seed=seed),
+        args=dpo_args(config, output_dir=trainer_dir, report_to=report_to, seed=seed, evaluate=evaluate),
         train_dataset=datasets.Dataset.from_list(train_rows),
-        eval_dataset=datasets.Dataset.from_list(eval_rows) if config.evaluate and eval_rows else None,
+        eval_dataset=datasets.Dataset.from_list(eval_rows) if evaluate else None,
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=[_fault_callback_class()()],
     )
     output = trainer.train()
-    metrics: dict[str, float] = {"num_dropped": float(dropped)}
-    logged = [h for h in trainer.state.log_history if "loss" in h]
-    for key in ("rewards/accuracies", "rewards/margins", "train_runtime"):
-        source = logged[-1] if logged and key in logged[-1] else output.metrics
-        if key in source:
-            metrics[key] = float(source[key])
-    if config.evaluate and eval_rows:
-        metrics["eval_loss"] = float(trainer.evaluate()["eval_loss"])
-
+    history = trainer.state.log_history
+    if evaluate and not any("eval_loss" in h and h.get("step") == output.global_step for h in history):
+        trainer.evaluate()  # the epochs' evaluations missed the last step (max_steps, a partial epoch)
+    if config.evaluate and not eval_rows:
+        logger.warning(
+            "no held-out pair to evaluate (%d pairs, train_fraction %s)", len(pairs), config.train_fraction
+        )
+    metrics = result_metrics(
+        history, output.metrics, dropped=dropped, eval_pairs=len(eval_rows) if evaluate else 0
+    )
     metrics["wall_time_s"] = time.perf_counter() - start
     result = TrainResult(
         checkpoint=str(output_dir),
@@ -285,6 +305,7 @@ def train_dpo(
         steps=int(output.global_step),
         num_examples=len(train_rows),
         metrics=metrics,
+        history=tuple(numbers(h) for h in history),
     )
     accelerator = trainer.accelerator
     if not accelerator.is_main_process:  # under accelerate launch only the main process writes

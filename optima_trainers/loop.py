@@ -212,7 +212,9 @@ class IterativeTrainer:
             **{f"time/{k}_s": v for k, v in self.run_dir.timings(stage.name).items()},
         }
         checkpoint = outcome.result.checkpoint if outcome.result else model
-        return {"model": self.run_dir.portable(checkpoint), "cursor_end": cursor_end, "metrics": metrics}
+        history = [dict(h) for h in outcome.result.history] if outcome.result else []  # the trainer's log
+        return {"model": self.run_dir.portable(checkpoint), "cursor_end": cursor_end, "metrics": metrics,
+                "history": history}  # fmt: skip
 
     def _follow(self) -> list[dict[str, Any]]:
         """A non-main process: receive each stage's data from disk and train with the others."""

@@ -6,6 +6,13 @@ the host loop registers for a run whose ``report_to`` is not ``none``, adds one 
 the selection and pair counts, the training summary and the time per phase. It uses each
 tracker's own library (``torch.utils.tensorboard``, ``trackio``, ``wandb``), in a run folder's
 ``tracking/`` (tensorboard) or the tracker's project ``optima`` named after the run folder.
+
+A DPO stage's point carries its per-epoch means and its last held-out evaluation
+(``train/epoch_<k>/rewards/accuracies``, ``train/eval_rewards/margins``, ``train/eval_loss/nll``,
+...: :func:`optima_trainers.dpo_metrics.result_metrics`); its every step, with the loss split into
+``loss/dpo`` and ``loss/nll``, reaches the tracker through TRL's own ``report_to`` logging (for
+tensorboard, in the stage's ``trainer/`` folder), and the stage record keeps it
+(``result.json``'s ``history``).
 """
 
 from __future__ import annotations

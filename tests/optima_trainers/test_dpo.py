@@ -117,8 +117,11 @@ def test_lora_dpo_saves_a_merged_model_atomically(tiny_model_dir, tmp_path) -> N
 def test_plain_dpo_starts_at_log_two(tiny_model_dir, tmp_path) -> None:
     config = DPOTrainConfig.cpu(learning_rate=1e-3, rpo_alpha=None, max_length=256)
     out = tmp_path / "plain"
-    train_dpo(model_path=str(tiny_model_dir), pairs=make_pairs(3), config=config, output_dir=out)
+    result = train_dpo(model_path=str(tiny_model_dir), pairs=make_pairs(3), config=config, output_dir=out)
     assert first_losses(out)[0] == pytest.approx(math.log(2), abs=1e-4)
+    # plain DPO: the loss is the DPO part; the chosen NLL is logged, not trained on
+    for h in (h for h in result.history if "loss" in h):
+        assert h["loss/dpo"] == pytest.approx(h["loss"], rel=1e-5) and h["loss/nll"] > 5
 
 
 def test_overlong_prompts_are_dropped_and_counted(tiny_model_dir, tmp_path) -> None:
@@ -148,3 +151,64 @@ def test_one_rpo_iteration_on_the_embedded_model_changes_the_weights(embedded, t
     changed = [k for k in before if not torch.equal(before[k].cpu(), after[k])]
     assert any("self_attn.q_proj" in k for k in changed)
     assert (out / COMPLETE_MARKER).is_file() and resolve_model_path("embedded") != str(out)
+
+
+def test_every_step_and_the_held_out_pairs_are_recorded_and_read_back(tiny_model_dir, tmp_path) -> None:
+    from optima_trainers.dpo_metrics import DPO_METRICS
+
+    config = DPOTrainConfig.cpu(learning_rate=1e-3, rpo_alpha=1.0, max_length=256, epochs=2.0)
+    out = tmp_path / "watched"
+    result = train_dpo(
+        model_path=str(tiny_model_dir),
+        pairs=make_pairs(10),
+        config=config,
+        output_dir=out,
+        report_to="tensorboard",
+        trainer_dir=tmp_path / "trainer",
+    )
+    record = require_complete(out)  # read back from the checkpoint's record
+    assert record == result and result.num_examples == 9 and result.steps == 10  # 5 steps (batch 2) x 2
+    steps = [h for h in record.history if "loss" in h]
+    assert [h["step"] for h in steps] == list(range(1, 11))
+    for h in steps:
+        assert all(math.isfinite(h[m]) for m in DPO_METRICS)
+        assert h["loss"] == pytest.approx(h["loss/dpo"] + 1.0 * h["loss/nll"], rel=1e-4)
+    # the reference is the start: the first DPO term is log 2, its margin 0; the NLL that of a random model
+    assert steps[0]["loss/dpo"] == pytest.approx(math.log(2), abs=1e-4)
+    assert steps[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-5) and steps[0]["loss/nll"] > 5
+    assert steps[-1]["loss/nll"] < steps[0]["loss/nll"] and steps[-1]["rewards/margins"] > 0
+    evals = [h for h in record.history if "eval_loss" in h]  # the held-out pair, after each epoch
+    assert [h["epoch"] for h in evals] == [1.0, 2.0]
+    for h in evals:
+        assert h["eval_loss"] == pytest.approx(h["eval_loss/dpo"] + h["eval_loss/nll"], rel=1e-4)
+        assert h["eval_rewards/accuracies"] in (0.0, 1.0)  # one held-out pair
+    metrics = record.metrics
+    assert metrics["eval_pairs"] == 1
+    for m in DPO_METRICS:
+        assert metrics[f"eval_{m}"] == evals[-1][f"eval_{m}"]
+        assert metrics[f"epoch_1/eval_{m}"] == evals[0][f"eval_{m}"]
+        for epoch, window in ((1, steps[:5]), (2, steps[5:])):
+            assert metrics[f"epoch_{epoch}/{m}"] == pytest.approx(sum(h[m] for h in window) / 5)
+    # through the tracker: TRL sent every step, with the loss's parts, to tensorboard
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = list((tmp_path / "trainer").rglob("events.out.tfevents.*"))
+    tags = set()
+    for path in events:
+        accumulator = EventAccumulator(str(path))
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["scalars"])
+    assert {"train/loss/dpo", "train/loss/nll", "train/rewards/margins", "eval/rewards/accuracies"} <= tags
+
+
+def test_a_record_without_history_still_reads(tiny_model_dir, tmp_path) -> None:
+    config = DPOTrainConfig.cpu(rpo_alpha=None, max_length=256, max_steps=1)
+    out = tmp_path / "old"
+    train_dpo(model_path=str(tiny_model_dir), pairs=make_pairs(1), config=config, output_dir=out)
+    marker = out / COMPLETE_MARKER
+    old = json.loads(marker.read_text())
+    assert old["history"] and old["metrics"]["eval_pairs"] == 0  # a single pair: none held out
+    del old["history"]  # as the records written before the history existed
+    marker.write_text(json.dumps(old))
+    record = require_complete(out)
+    assert record.history == () and record.steps == 1 and record.metrics == old["metrics"]

@@ -1,0 +1,144 @@
+"""What a DPO stage records of its training, to watch it learn (spec §6.5; issue: DPO you can watch).
+
+TRL's ``DPOTrainer`` logs its metrics per logging step (:data:`DPO_METRICS` but the loss's parts);
+:func:`split_loss_trainer` adds the loss split into its DPO and NLL parts, which TRL does not
+log; :func:`epoch_summary`, :func:`eval_summary` and :func:`result_metrics` turn the log history
+into the stage's scalar summary (per-epoch means, the last held-out evaluation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from optima_env.errors import require
+
+__all__ = ["DPO_METRICS", "epoch_summary", "eval_summary", "numbers", "result_metrics", "split_loss_trainer"]
+
+DPO_METRICS = (
+    "loss",
+    "loss/dpo",
+    "loss/nll",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "rewards/accuracies",
+    "logps/chosen",
+    "logps/rejected",
+)
+"""The per-step metrics a stage summarizes per epoch and on its held-out pairs (TRL's names, and
+``loss/dpo`` / ``loss/nll`` from :func:`split_loss_trainer`)."""
+
+
+def split_loss_trainer() -> Any:
+    """TRL's ``DPOTrainer``, plus the loss split into its DPO and NLL parts.
+
+    TRL 1.16 logs, per logging step (and as ``eval_*`` when evaluating), ``rewards/chosen``,
+    ``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies``, ``logps/chosen``,
+    ``logps/rejected``, ``logits/*``, ``entropy`` and ``mean_token_accuracy``, but of a loss made
+    of several terms (RPO: ``loss_type=["sigmoid", "sft"]``) only the weighted sum, ``loss``. This
+    subclass adds the two parts, which TRL does not log, to TRL's own metric buffer (so TRL
+    averages them over the logging window and logs them like its own metrics, ``eval_`` prefixed in
+    evaluation, to the log history and ``report_to``):
+
+    * ``loss/nll``: the ``sft`` term exactly as TRL computes it (the mean negative log-likelihood
+      over the chosen completions' tokens of the batch), from the log-probabilities of the same
+      forward pass (no extra forward); logged in plain DPO too, where it is not in the loss;
+    * ``loss/dpo``: the loss minus the weighted NLL term, i.e. the sigmoid DPO term.
+    """
+    trl = require("trl", "train")
+
+    class _Policy:
+        """The policy model as ``_compute_loss`` calls it, keeping its first output."""
+
+        def __init__(self, model: Any) -> None:
+            self.model, self.output = model, None
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            out = self.model(*args, **kwargs)
+            if self.output is None:  # the loss's forward (return_outputs may call it again)
+                self.output = out
+            return out
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.model, name)
+
+    class SplitLossDPOTrainer(trl.DPOTrainer):
+        def _compute_loss(self, model: Any, inputs: Any, return_outputs: bool) -> Any:
+            policy = _Policy(model)
+            result = super()._compute_loss(policy, inputs, return_outputs)
+            loss = result[0] if return_outputs else result
+            mask = inputs["completion_mask"][..., 1:]
+            log_probs = policy.output.log_probs[:, -mask.size(1) :].detach()
+            chosen_mask = mask.chunk(2, dim=0)[0].bool()
+            nll = -log_probs.chunk(2, dim=0)[0][chosen_mask].mean()
+            weight = sum(w for t, w in zip(self.loss_types, self.loss_weights, strict=True) if t == "sft")
+            mode = "train" if self.model.training else "eval"
+            gather = self.accelerator.gather_for_metrics
+            self._metrics[mode]["loss/nll"].append(gather(nll).mean().item())
+            self._metrics[mode]["loss/dpo"].append(gather(loss.detach() - weight * nll).mean().item())
+            return result
+
+    return SplitLossDPOTrainer
+
+
+def numbers(record: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric entries of a log record (as floats)."""
+    return {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def epoch_summary(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per epoch ``k`` (1, 2, ...): ``epoch_<k>/<m>``, the mean of each :data:`DPO_METRICS` ``m``
+    over that epoch's training-step logs, and ``epoch_<k>/eval_<m>``, the held-out evaluation
+    logged at its end (when there is one).
+
+    >>> epoch_summary([{"loss": 1.0, "epoch": 0.5, "step": 1}, {"loss": 3.0, "epoch": 1.0, "step": 2},
+    ...                {"eval_loss": 2.5, "epoch": 1.0, "step": 2}, {"loss": 0.5, "epoch": 1.5, "step": 3}])
+    {'epoch_1/loss': 2.0, 'epoch_1/eval_loss': 2.5, 'epoch_2/loss': 0.5}
+    """
+    steps: dict[int, dict[str, list[float]]] = {}
+    evals: dict[int, dict[str, float]] = {}
+    for record in history:
+        if "epoch" not in record:
+            continue
+        epoch = max(1, math.ceil(round(float(record["epoch"]), 6)))
+        if "loss" in record:  # a training step (the final summary has train_loss, an evaluation eval_loss)
+            for name in DPO_METRICS:
+                if name in record:
+                    steps.setdefault(epoch, {}).setdefault(name, []).append(float(record[name]))
+        elif "eval_loss" in record:
+            evals[epoch] = {
+                f"eval_{m}": float(record[f"eval_{m}"]) for m in DPO_METRICS if f"eval_{m}" in record
+            }
+    out: dict[str, float] = {}
+    for epoch in sorted(steps.keys() | evals.keys()):
+        out |= {f"epoch_{epoch}/{m}": sum(v) / len(v) for m, v in steps.get(epoch, {}).items()}
+        out |= {f"epoch_{epoch}/{m}": v for m, v in evals.get(epoch, {}).items()}
+    return out
+
+
+def eval_summary(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The last held-out evaluation of the history: ``eval_<m>`` for each :data:`DPO_METRICS` ``m``
+    it has (empty without one)."""
+    last = next((h for h in reversed(history) if "eval_loss" in h), None)
+    return (
+        {}
+        if last is None
+        else {f"eval_{m}": float(last[f"eval_{m}"]) for m in DPO_METRICS if f"eval_{m}" in last}
+    )
+
+
+def result_metrics(
+    history: Sequence[Mapping[str, Any]], train_metrics: Mapping[str, Any], *, dropped: int, eval_pairs: int
+) -> dict[str, float]:
+    """A stage's summary: ``num_dropped``, ``eval_pairs``, the last logged step's
+    ``rewards/accuracies`` and ``rewards/margins``, ``train_runtime``, the per-epoch means
+    (:func:`epoch_summary`) and the last held-out evaluation (:func:`eval_summary`)."""
+    metrics: dict[str, float] = {"num_dropped": float(dropped), "eval_pairs": float(eval_pairs)}
+    logged = [h for h in history if "loss" in h]
+    for key in ("rewards/accuracies", "rewards/margins", "train_runtime"):
+        source = logged[-1] if logged and key in logged[-1] else train_metrics
+        if key in source:
+            metrics[key] = float(source[key])
+    return metrics | epoch_summary(history) | eval_summary(history)
