@@ -8,6 +8,9 @@ Public surface (importing this package does not import torch; training functions
 
 or, from a shell, ``python -m optima_trainers.train --task ie/synth-v0 --trainer isft``.
 
+Everything the README and ``examples/`` import is an attribute of this package (``__all__``); most
+load their module on first use.
+
 Modules: :mod:`~optima_trainers.config` (the configuration tree, profiles, resolution),
 :mod:`~optima_trainers.backends` (the trainer-backend contract and the built-in backends),
 :mod:`~optima_trainers.stages` (records the host and backends exchange),
@@ -24,14 +27,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from optima_env.errors import CorruptCheckpointError
 from optima_trainers.checkpoint import TrainResult
 from optima_trainers.config import GenerationConfig, TrainConfig, TreeSearchConfig, resolve_config
 from optima_trainers.runs import RunDir
 from optima_trainers.selection import SelectionConfig, select_isft
 
 __all__ = [
+    "CorruptCheckpointError",
+    "DPOTrainConfig",
     "GenerationConfig",
+    "IDPOBackend",
+    "ISFTBackend",
+    "ISFTDPOBackend",
     "IterativeTrainer",
+    "MCTSReward",
+    "OptimaRollout",
     "RunDir",
     "SelectionConfig",
     "Stage",
@@ -41,18 +52,46 @@ __all__ = [
     "TrainResult",
     "TrainerBackend",
     "TreeSearchConfig",
+    "build_trees",
+    "conversation_messages",
+    "estimate_token_normalizer",
+    "grpo_prompts",
     "plan_stages",
     "resolve_config",
+    "reward_functions",
     "select_isft",
+    "select_top_pairs",
+    "sft_stages",
+    "tokenize_with_mask",
+    "train_dpo",
+    "train_sft_stage",
+    "write_pairs",
 ]
 
-_LAZY = {
+_LAZY = {  # loaded on first use: these modules reach the host loop, the backends and TRL's adapters
     "IterativeTrainer": "optima_trainers.loop",
     "plan_stages": "optima_trainers.loop",
     "TrainerBackend": "optima_trainers.backends",
+    "ISFTBackend": "optima_trainers.backends",
+    "IDPOBackend": "optima_trainers.backends",
+    "ISFTDPOBackend": "optima_trainers.backends",
+    "sft_stages": "optima_trainers.backends",
+    "train_sft_stage": "optima_trainers.backends",
     "Stage": "optima_trainers.stages",
     "StageData": "optima_trainers.stages",
     "StageOutcome": "optima_trainers.stages",
+    "conversation_messages": "optima_trainers.sft_data",
+    "tokenize_with_mask": "optima_trainers.sft_data",
+    "DPOTrainConfig": "optima_trainers.dpo",
+    "train_dpo": "optima_trainers.dpo",
+    "build_trees": "optima_trainers.mcts",
+    "MCTSReward": "optima_trainers.mcts_reward",
+    "estimate_token_normalizer": "optima_trainers.mcts_reward",
+    "select_top_pairs": "optima_trainers.pairs",
+    "write_pairs": "optima_trainers.types",
+    "OptimaRollout": "optima_trainers.integrations.trl",
+    "grpo_prompts": "optima_trainers.integrations.trl",
+    "reward_functions": "optima_trainers.integrations.trl",
 }
 
 
@@ -62,3 +101,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'optima_trainers' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

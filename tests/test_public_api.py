@@ -1,0 +1,124 @@
+"""The public surface: what the README and ``examples/`` import is reachable from the package top level.
+
+The README's python blocks are parsed (not run: several need a model or TRL); every name they or
+the examples import from ``optima_env`` / ``optima_trainers`` (deep imports included) must be an
+attribute of the package and listed in its ``__all__``, and the README imports only from the top
+level, so a user copies the short form.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+
+PACKAGES = ("optima_env", "optima_trainers")
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
+
+
+def imported_names(code: str) -> list[tuple[str, str]]:
+    """``(module, name)`` of every ``from optima_env... import name`` / ``from optima_trainers...``
+    in ``code``; a plain ``import optima_env.x.y`` gives ``("optima_env.x", "y")``."""
+    out = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module.split(".")[0] in PACKAGES:
+                out += [(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                module, _, name = alias.name.rpartition(".")
+                if module.split(".")[0] in PACKAGES:
+                    out.append((module, name))
+    return out
+
+
+def readme_imports() -> list[tuple[str, str]]:
+    blocks = python_blocks((REPO_ROOT / "README.md").read_text(encoding="utf-8"))
+    return [pair for block in blocks for pair in imported_names(block)]
+
+
+def example_imports() -> list[tuple[str, str]]:
+    paths = sorted((REPO_ROOT / "examples").rglob("*.py"))
+    return [
+        pair
+        for path in paths
+        if "tests" not in path.relative_to(REPO_ROOT / "examples").parts
+        for pair in imported_names(path.read_text(encoding="utf-8"))
+    ]
+
+
+def unreachable(pairs: list[tuple[str, str]]) -> list[str]:
+    """The imported names that are not in their package's ``__all__`` or not an attribute of it."""
+    missing = []
+    for module, name in pairs:
+        top = importlib.import_module(module.split(".")[0])
+        if module == top.__name__ and name[:1].islower() and f"{module}.{name}" in sys.modules:
+            continue  # ``from optima_env import io``-style submodule imports
+        if name not in top.__all__ or not hasattr(top, name):
+            missing.append(f"{name} (imported from {module}): add it to {top.__name__}.__all__")
+    return sorted(set(missing))
+
+
+def test_the_parsers_see_the_imports() -> None:
+    code = (
+        "import optima_env\nimport optima_trainers.loop\nfrom optima_env.policy import A, B\nimport os.path\n"
+    )
+    assert sorted(imported_names(code)) == [
+        ("optima_env.policy", "A"),
+        ("optima_env.policy", "B"),
+        ("optima_trainers", "loop"),
+    ]
+    pairs = readme_imports()
+    assert ("optima_env", "SamplingParams") in pairs and ("optima_env", "check_task") in pairs
+    assert {m.split(".")[0] for m, _ in pairs} == set(PACKAGES)
+    assert example_imports(), "examples/ import nothing from the packages?"
+
+
+def test_every_name_the_readme_and_examples_import_is_reachable_from_the_top_level() -> None:
+    assert unreachable(readme_imports() + example_imports()) == []
+    assert unreachable([("optima_env.policy", "NoSuchName")]) == [
+        "NoSuchName (imported from optima_env.policy): add it to optima_env.__all__"
+    ]
+
+
+def test_the_readme_imports_from_the_top_level() -> None:
+    deep = sorted({f"from {m} import {n}" for m, n in readme_imports() if m not in PACKAGES})
+    assert deep == [], f"the README's code imports from deep modules; import from the package: {deep}"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_public_name_resolves_and_the_import_stays_light(package: str) -> None:
+    """Every ``__all__`` name resolves (a lazy attribute whose module moved fails here), and importing
+    the package and resolving every one of them (the engines included) never imports torch."""
+    code = (
+        f"import sys, {package} as p\n"
+        "assert 'torch' not in sys.modules, 'importing the package imported torch'\n"
+        "missing = [n for n in p.__all__ if not hasattr(p, n)]\n"
+        "assert not missing, f'__all__ names that do not resolve: {missing}'\n"
+        "assert len(set(p.__all__)) == len(p.__all__), 'duplicates in __all__'\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
+
+
+def test_rollout_at_the_top_level_is_the_function_and_the_module_still_imports() -> None:
+    import optima_env
+    from optima_env.rollout import make_jobs
+
+    assert callable(optima_env.rollout) and optima_env.rollout.__name__ == "rollout"
+    assert optima_env.make_jobs is make_jobs
+    assert Path(sys.modules["optima_env.rollout"].__file__).name == "rollout.py"
