@@ -48,7 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.clock import InvocationClock
-from benchmarks.demo_report import readme_block, summarize, write_pages, write_plots
+from benchmarks.demo_control import control_label
+from benchmarks.demo_plots import write_plots
+from benchmarks.demo_report import readme_block, summarize, write_pages
 from benchmarks.demo_tasks import DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
 from benchmarks.demo_train import (
     TrainedRun,
@@ -160,6 +162,25 @@ def _recorded(
     return runs, exports
 
 
+def _control_method(
+    spec: DemoTask, root: Path, runs: Sequence[TrainedRun], settings: PlaySettings
+) -> Method | None:
+    """M_0's row for the table (:mod:`benchmarks.demo_control`): its stage row, the same unit key,
+    so its episodes on the stages' instances are reused; None when it cannot be played (its
+    checkpoint is gone, as in a run taken from the training record, and the store lacks some of its
+    table episodes): the report then says M_0 is missing from the table."""
+    label = control_label(runs)
+    method = next((m for m in _stage_methods(runs, settings) if m.label == label), None)
+    if method is None:
+        return None
+    store, entry = EpisodeStore(_table_store(root)), _entry(spec, spec.eval_instances)
+    if Path(str(method.model)).is_dir() or not pending_jobs(method, entry, store, seed=settings.seed):
+        return method
+    logger.warning("demo %s: %s's checkpoint is gone and its table episodes are not all played: "
+                   "the table has no M_0 row", spec.name, label)  # fmt: skip
+    return None
+
+
 def _timing(folder: Path) -> tuple[Path, float]:
     folder.mkdir(parents=True, exist_ok=True)
     timing = folder / "timing.json"  # generation seconds of this folder's rows, summed over invocations
@@ -255,6 +276,9 @@ def _evaluate(
     )  # fmt: skip
     adapters = _adapter_rows(spec, out, runs, exports)
     methods = build_methods(spec.baselines, adapters, settings)
+    control = _control_method(spec, root, runs, settings)
+    if control is not None:  # M_0 beside the baselines, before the trained systems
+        methods.insert(len(spec.baselines), control)
     logger.info("demo %s: %d systems on %d held-out instances", spec.name, len(methods), spec.eval_instances)
     main = play(root / "eval", methods, settings, spec.eval_instances)
     if spec.scaling_instances <= 0 or not runs:
@@ -382,7 +406,7 @@ def _run(
         finals = {adapter_label(r.trainer, exports[r.trainer]): trainer_label(r.trainer) for r in runs}
         summary = summarize(
             spec, main, curves, runs, exports, stages=stages, labels=row_labels(runs), finals=finals,
-            baselines=baselines,
+            baselines=baselines, control=control_label(runs),
         )  # fmt: skip
         summary["plots"] = write_plots(summary, out)
         summaries.append(summary)

@@ -11,17 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.clock import total_seconds
+from benchmarks.demo_control import CONTROL, add_control, diff_cell, missing_line
 from benchmarks.demo_tasks import DemoTask, eval_settings, trainer_label
 from benchmarks.intervals import add_intervals, cell
 from optima_env.io import write_json_atomic, write_text_atomic
 
-__all__ = ["readme_block", "render_report", "summarize", "table1", "write_pages", "write_plots"]
+__all__ = ["readme_block", "render_report", "summarize", "table1", "write_pages"]
 
 
 def _row(row: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: row.get(k) for k in ("method", "score", "instances", "score_ci", "tokens_ci")}
     out |= {k: row.get(k) for k in ("score_ratio", "score_ratio_ci", "token_ratio", "token_ratio_ci")}
-    return out | {"key": row["method_key"], "tokens": row["mean_tokens"]}
+    out |= {k: row.get(k) for k in ("score_vs_m0", "score_vs_m0_ci", "tokens_vs_m0", "tokens_vs_m0_ci")}
+    return out | {"key": row["method_key"], "tokens": row["mean_tokens"], "control": bool(row.get("control"))}
 
 
 def _curve(
@@ -63,6 +65,7 @@ def summarize(
     finals: Mapping[str, str] | None = None,
     status: tuple[str, str] | None = None,
     baselines: Mapping[str, Any] | None = None,
+    control: str | None = None,
 ) -> dict[str, Any]:
     """The summary of one task (``demo.json``'s entry): rows with intervals, curves, targets.
 
@@ -71,7 +74,9 @@ def summarize(
     every (trainer, stage) of ``runs`` to its row in ``stages`` (:func:`benchmarks.demo.row_labels`),
     ``finals`` the row of each run's committed adapter to the run's name (``iSFT``): those rows
     are the trained systems of the table. ``baselines`` is the untrained baselines' pass before
-    training (its episodes are the table's; only its generation time is added here).
+    training (its episodes are the table's; only its generation time is added here). ``control``
+    is M_0's row label (:func:`benchmarks.demo_control.control_label`): every row of both tables
+    gets its paired difference to M_0's, and ``control_missing`` says why a table has no M_0 row.
     """
     summary: dict[str, Any] = {
         "task": spec.task,
@@ -87,7 +92,12 @@ def summarize(
     }
     if main is None:
         return summary
-    rows, stage_rows = _rows(main), _rows(stages) if stages else []
+    rows, missing = _rows(main, control)
+    stage_rows, stages_missing = _rows(stages, control) if stages else ([], None)
+    summary["control"] = control
+    summary["control_missing"] = {
+        k: v for k, v in (("table", missing), ("stages", stages_missing if stages else None)) if v
+    }
     played = (baselines, main, stages, scaling)  # each phase's generation time, from its timing.json
     for row in rows:
         row["final_of"] = (finals or {}).get(row["method"])
@@ -110,9 +120,12 @@ def summarize(
     return summary
 
 
-def _rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _rows(results: Mapping[str, Any], control: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    """The table's rows with their intervals, ratios to MAD and differences to M_0 (``control``,
+    its row label), and why M_0 is missing (None when it is there)."""
     add_intervals(results["rows"], base_key="mad")
-    return [_row(r) for r in results["rows"]]
+    missing = add_control(results["rows"], control)
+    return [_row(r) for r in results["rows"]], missing
 
 
 def _targets(spec: DemoTask, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -188,18 +201,24 @@ def table1(summary: Mapping[str, Any], *, stages: bool = False) -> str:
     """The Table-1-style table of one task: baselines and trained systems (``stages``: every
     training stage, beside MAD and CoT on the same instances)."""
     lines = [
-        "| System | Score (95% CI) | Tokens / episode (95% CI) | Score vs MAD | Tokens vs MAD |",
-        "|---|---|---|---|---|",
+        "| System | Score (95% CI) | Tokens / episode (95% CI) | Score vs MAD | Tokens vs MAD "
+        f"| Score − {CONTROL} (95% CI) | Tokens − {CONTROL} (95% CI) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in summary.get("stage_rows", []) if stages else summary["rows"]:
         label = row.get("final_of") or row["method"]
+        if row.get("control"):
+            label = f"{CONTROL} ({label}, shared initialization)"
         lines.append(
             f"| {label} | {cell(row['score'], row['score_ci'])} | "
             f"{cell(row['tokens'], row['tokens_ci'], 1)} | "
             f"{cell(row.get('score_ratio'), row.get('score_ratio_ci'), 2, 'x')} | "
-            f"{cell(row.get('token_ratio'), row.get('token_ratio_ci'), 2, 'x')} |"
+            f"{cell(row.get('token_ratio'), row.get('token_ratio_ci'), 2, 'x')} | "
+            f"{diff_cell(row.get('score_vs_m0'), row.get('score_vs_m0_ci'), 3)} | "
+            f"{diff_cell(row.get('tokens_vs_m0'), row.get('tokens_vs_m0_ci'), 1)} |"
         )
-    return "\n".join(lines)
+    missing = missing_line(summary, stages=stages)
+    return "\n".join(lines) + (f"\n\n{missing}" if missing else "")
 
 
 def _curve_table(summary: Mapping[str, Any]) -> list[str]:
@@ -358,69 +377,3 @@ def readme_block(demo: Mapping[str, Any]) -> str:
         parts += [f"![{name}]({demo['folder']}/{name})" for name in s.get("plots", [])] + [""]
     parts += _pending_line(demo)
     return "\n".join(parts).rstrip() + "\n"
-
-
-# -- plots ----------------------------------------------------------------------------------------
-def write_plots(summary: Mapping[str, Any], out: Path) -> list[str]:
-    """``demo_<task>.png`` (held-out score and tokens per stage of every run) and, with scaling
-    curves, ``demo_<task>_scaling.png`` (majority-vote score and coverage vs samples and vs tokens, as
-    the paper's figure); returns the file names."""
-    from benchmarks.plots import _pyplot
-
-    names: list[str] = []
-    rows = {r["key"]: r for r in summary.get("stage_rows", [])}  # the instances of the curves
-    if summary.get("curves"):
-        plt = _pyplot()
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-        for ax, key, title in ((axes[0], "score", "held-out score"), (axes[1], "tokens", "tokens / episode")):
-            for i, (run, points) in enumerate(summary["curves"].items()):
-                ys = [p[key] for p in points]
-                ax.plot(range(len(ys)), ys, marker="o", color=f"C{i}", label=run)
-            for base, style in (("mad", "--"), ("cot", ":")):
-                if base in rows and rows[base][key] is not None:
-                    ax.axhline(rows[base][key], color="gray", linestyle=style, label=rows[base]["method"])
-            ax.set_xlabel("stage (0 = initialization)")
-            ax.set_title(f"{summary['task']}: {title}")
-            ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        name = f"demo_{summary['name']}.png"
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        names.append(name)
-    if summary.get("scaling"):
-        plt = _pyplot()
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
-        for i, (method, curve) in enumerate(summary["scaling"].items()):
-            xs = (list(range(1, len(curve) + 1)), [p["tokens"] for p in curve])
-            for ax, x in zip(axes, xs, strict=True):  # majority vote solid, coverage (best of k) dashed
-                ax.plot(
-                    x,
-                    [p["score"] for p in curve],
-                    marker="o",
-                    color=f"C{i}",
-                    label=f"{method}: majority vote",
-                )
-                ax.plot(
-                    x,
-                    [p["coverage"] for p in curve],
-                    "--",
-                    marker="^",
-                    color=f"C{i}",
-                    label=f"{method}: coverage",
-                )
-        axes[0].set_xlabel("samples per instance (k)")
-        axes[1].set_xlabel("tokens per instance (k samples)")
-        axes[1].set_xscale("log")
-        for ax in axes:
-            ax.set_ylabel("score")
-            ax.grid(alpha=0.3)
-        fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
-        fig.suptitle(f"{summary['task']}: inference scaling (T=0.5)")
-        fig.tight_layout(rect=(0, 0.14, 1, 1))
-        name = f"demo_{summary['name']}_scaling.png"
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        names.append(name)
-    return names

@@ -6,6 +6,10 @@ instances with replacement ``n_boot`` times (one ``(n_boot, n)`` index draw, no 
 return the percentile interval (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993,
 ch. 13): the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the resampled statistic.
 
+:func:`bootstrap_difference` is the paired difference of two columns over the same instances
+(a trained system against its starting model): the mean of the per-instance differences, resampled
+like :func:`bootstrap_mean`, which is the difference of the two means over one shared resample.
+
 A ratio is *paired* by default: numerator and denominator are resampled with the same instance
 indices, which keeps their correlation (the usual case: two columns of one run). ``paired=False``
 resamples each on its own (two independent samples, lengths may differ). A resample whose
@@ -24,7 +28,7 @@ import numpy as np
 
 from optima_env.errors import DataError, TaskContractError
 
-__all__ = ["MAX_DROPPED", "METHOD", "Interval", "bootstrap_mean", "bootstrap_ratio"]
+__all__ = ["MAX_DROPPED", "METHOD", "Interval", "bootstrap_difference", "bootstrap_mean", "bootstrap_ratio"]
 
 METHOD = "percentile"
 """The interval method (the bootstrap percentile interval)."""
@@ -88,6 +92,35 @@ def bootstrap_mean(
     means = _resampled_means(rng, [x], n_boot)[0]
     low, high = _bounds(means, level)
     return Interval(estimate=float(x.mean()), low=low, high=high, level=level, n=len(x), n_boot=n_boot)
+
+
+def bootstrap_difference(
+    values: Sequence[float] | np.ndarray,
+    base_values: Sequence[float] | np.ndarray,
+    *,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Interval:
+    """``mean(values) - mean(base_values)`` over the same instances, with its paired percentile
+    bootstrap interval (one resample draws the same instances for both).
+
+    Args:
+        values, base_values: per-instance values, entry ``i`` of both from instance ``i``.
+        n_boot, level, seed: as :func:`bootstrap_mean`.
+
+    >>> interval = bootstrap_difference([0.5, 0.7, 0.9], [0.4, 0.6, 0.8])
+    >>> round(interval.estimate, 6), round(interval.low, 6), round(interval.high, 6)
+    (0.1, 0.1, 0.1)
+    """
+    x = _values(values, "values")
+    base = _values(base_values, "base_values")
+    if len(x) != len(base):
+        raise DataError(
+            f"a paired difference needs one value and one base value per instance, got {len(x)} and "
+            f"{len(base)} values; evaluate both on the same instances"
+        )
+    return bootstrap_mean(x - base, n_boot=n_boot, level=level, seed=seed)
 
 
 def bootstrap_ratio(

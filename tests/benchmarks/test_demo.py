@@ -189,10 +189,14 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
     (summary,) = demo["tasks"]
     assert demo["train_s"] > 0 and demo["eval_s"] > 0
     methods = [r["method"] for r in summary["rows"]]
-    assert methods[:4] == ["CoT", "SC (n=2)", "MAD", "AutoForm"]
-    # the table: the baselines, then the three exported adapters, on every held-out instance
-    assert [m.split(" (")[0] for m in methods[4:]] == ["iSFT adapter", "iDPO adapter", "iSFT-DPO adapter"]
+    assert methods[:5] == ["CoT", "SC (n=2)", "MAD", "AutoForm", "iSFT iter 00"]
+    # the table: the baselines, M_0 (the shared initialization), then the three exported adapters,
+    # on every held-out instance, each with its paired difference to M_0
+    assert [m.split(" (")[0] for m in methods[5:]] == ["iSFT adapter", "iDPO adapter", "iSFT-DPO adapter"]
     assert all(r["instances"] == 2 and r["score"] is not None and r["score_ci"] for r in summary["rows"])
+    assert [r["control"] for r in summary["rows"]] == [False] * 4 + [True] + [False] * 3
+    assert all(r["score_vs_m0_ci"] for r in summary["rows"] if not r["control"])
+    assert summary["control"] == "iSFT iter 00" and summary["control_missing"] == {}
     # the curves: iSFT's two stages, then iDPO's and iSFT-DPO's own (their shared M_0 once), on the
     # first instance, beside MAD and CoT on it
     stage_rows = summary["stage_rows"]

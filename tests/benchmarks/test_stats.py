@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks import stats
-from benchmarks.stats import Interval, bootstrap_mean, bootstrap_ratio
+from benchmarks.stats import Interval, bootstrap_difference, bootstrap_mean, bootstrap_ratio
 from optima_env.errors import DataError, TaskContractError
 
 
@@ -85,6 +85,22 @@ def test_the_same_seed_gives_the_same_interval() -> None:
     assert bootstrap_ratio(x, y, seed=1, paired=False) == bootstrap_ratio(x, y, seed=1, paired=False)
 
 
+def test_a_paired_difference_resamples_both_columns_with_the_same_instances() -> None:
+    rng = np.random.default_rng(3)
+    base = rng.uniform(0, 1, 200)
+    values = base + rng.normal(0.05, 0.02, 200)  # a small, consistent gain over a wide spread
+    paired = bootstrap_difference(values, base)
+    assert paired.estimate == pytest.approx(values.mean() - base.mean())
+    # one index draw for both columns: the difference of the resampled means, computed here
+    index = np.random.default_rng(0).integers(0, 200, size=(2000, 200))
+    low, high = np.quantile(values[index].mean(axis=1) - base[index].mean(axis=1), [0.025, 0.975])
+    assert (paired.low, paired.high) == pytest.approx((low, high))
+    assert paired.low > 0  # the gain shows; resampling each column on its own would drown it
+    index2 = np.random.default_rng(1).integers(0, 200, size=(2000, 200))
+    unpaired = values[index].mean(axis=1) - base[index2].mean(axis=1)
+    assert np.quantile(unpaired, 0.025) < 0 < paired.low
+
+
 @pytest.mark.parametrize(
     ("call", "error", "pattern"),
     [
@@ -99,6 +115,8 @@ def test_the_same_seed_gives_the_same_interval() -> None:
         (lambda: bootstrap_mean([[1.0], [2.0]]), DataError, r"flat sequence .* shape \(2, 1\)"),
         (lambda: bootstrap_ratio([1.0, 2.0], [1.0]), DataError, "got 2 and 1 values; pass equal lengths"),
         (lambda: bootstrap_ratio([1.0], []), DataError, "den_values: expected at least one value"),
+        (lambda: bootstrap_difference([1.0, 2.0], [1.0]), DataError, "got 2 and 1 values; evaluate both"),
+        (lambda: bootstrap_difference([1.0], [math.nan]), DataError, "base_values: expected finite numbers"),
         (lambda: bootstrap_mean([1.0], n_boot=0), TaskContractError, "n_boot must be an int >= 1, got 0"),
         (lambda: bootstrap_mean([1.0], level=95), TaskContractError, r"level must be a number in \(0, 1\)"),
     ],

@@ -1,0 +1,88 @@
+"""The demo's control: M_0, the shared initialization (iSFT's iteration-0 stage, spec §4), in
+every table, and the paired difference of every row against it with its 95% bootstrap interval.
+
+iDPO and iSFT-DPO start from M_0, so a stage or an adapter has learned something only where it
+beats M_0 on the same instances; a ratio to MAD cannot tell that. :func:`add_control` works on
+:func:`benchmarks.outputs.collect_results` rows (which keep every instance's score and tokens, in
+instance order): per row, the difference of its mean score (and tokens) minus M_0's over the same
+instances, with the paired percentile bootstrap interval of
+:func:`benchmarks.stats.bootstrap_difference` (one resample draws the same instances for both).
+A table without M_0's episodes gets no difference, and the reason, which the report prints in
+place of the missing row (never a silent omission).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from benchmarks.demo_tasks import stage_label
+from benchmarks.stats import bootstrap_difference
+
+__all__ = ["CONTROL", "add_control", "control_label", "diff_cell", "missing_line"]
+
+CONTROL = "M_0"
+"""The name the report gives the control row."""
+
+
+def control_label(runs: Sequence[Any]) -> str | None:
+    """The row label of M_0: the first run's first stage (the iSFT initialization the other runs
+    share), or None without runs."""
+    if not runs or not runs[0].stages:
+        return None
+    return stage_label(runs[0].trainer, runs[0].stages[0][0])
+
+
+def _bounds(low: float | None, high: float | None) -> list[float] | None:
+    return None if low is None or high is None else [round(low, 4), round(high, 4)]
+
+
+def add_control(rows: Sequence[dict[str, Any]], label: str | None) -> str | None:
+    """Mark M_0's row (``control: True``) and add to every other row with per-instance values, in
+    place, ``score_vs_m0`` and ``tokens_vs_m0`` (its mean minus M_0's, paired over the same
+    instances) with their 95% intervals (``*_ci``).
+
+    Returns:
+        None when M_0's row is there, else why not (the report prints it): no M_0 for these runs,
+        or no episodes of it in this table's store.
+    """
+    if label is None:
+        return f"no {CONTROL} row: these runs have no initialization stage"
+    control = next((r for r in rows if r.get("method") == label), None)
+    if control is None or not control.get("instance_scores"):
+        return (
+            f"{CONTROL} ({label}, the shared initialization) is missing from this table: its episodes "
+            "on these instances are not in the store (they need its checkpoint, which only a run with "
+            "the training folders has), so no row is compared with it"
+        )
+    base_scores, base_tokens = control["instance_scores"], control["instance_tokens"]
+    for row in rows:
+        row["control"] = row is control
+        scores, tokens = row.get("instance_scores"), row.get("instance_tokens")
+        if row is control or not scores or len(scores) != len(base_scores):
+            continue
+        for name, values, base in (
+            ("score_vs_m0", scores, base_scores),
+            ("tokens_vs_m0", tokens, base_tokens),
+        ):
+            iv = bootstrap_difference(values, base)
+            row[name], row[f"{name}_ci"] = iv.estimate, _bounds(iv.low, iv.high)
+    return None
+
+
+def missing_line(summary: Mapping[str, Any], *, stages: bool = False) -> str:
+    """The report's line for a table without M_0 (empty when it has one)."""
+    reason = (summary.get("control_missing") or {}).get("stages" if stages else "table")
+    return f"**{CONTROL} missing**: {reason}." if reason else ""
+
+
+def diff_cell(value: float | None, ci: Sequence[float] | None, digits: int) -> str:
+    """A signed difference and its interval, ``+0.053 [+0.010, +0.095]`` (``–`` without one).
+
+    >>> diff_cell(0.0531, [-0.0104, 0.0952], 3), diff_cell(None, None, 3)
+    ('+0.053 [-0.010, +0.095]', '–')
+    """
+    if value is None:
+        return "–"
+    text = f"{value:+.{digits}f}"
+    return f"{text} [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" if ci else text

@@ -1,0 +1,145 @@
+"""The demo's control: the M_0 row and every row's paired difference to it, on a hand-built store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.demo_control import control_label, diff_cell
+from benchmarks.demo_report import readme_block, summarize, table1
+from benchmarks.demo_tasks import DemoTask
+from benchmarks.methods import PlaySettings, build_methods
+from benchmarks.outputs import collect_results
+from benchmarks.store import EpisodeStore
+from benchmarks.units import TaskEntry
+from optima_env import Episode, Turn
+from tests.helpers import TinyTask
+
+N = 12
+TASK = "t/x-v0"
+
+
+def _episode(method: str, instance: int, score: float, tokens: int) -> Episode:
+    return Episode(
+        task_id=TASK,
+        sample_id=f"s{instance}",
+        seed=0,
+        agents=("Alice", "Bob"),
+        turns=(Turn(index=0, agent="Alice", text="Alice: hi", num_tokens=tokens, answer=None),),
+        final_answer=None,
+        gold=("gold",),
+        task_score=score,
+        terminated=False,
+        truncated=True,
+        end_reason="max_turns",
+        num_tokens=tokens,
+        system_prompts={"Alice": "a", "Bob": "b"},
+        base_system_prompts={"Alice": "a", "Bob": "b"},
+        metadata={"method": method, "instance": instance, "sample": 0},
+    )
+
+
+class _Run:
+    def __init__(self, trainer: str, stages: list[str]) -> None:
+        self.trainer, self.shared = trainer, None
+        self.stages = tuple((s, f"/gone/{trainer}/{s}") for s in stages)
+        self.metrics = tuple({"stage": s} for s in stages)
+
+    def compute_s(self) -> float:
+        return 0.0
+
+
+@pytest.fixture()
+def columns() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    m0 = rng.uniform(0, 0.3, N).round(3)
+    return {  # (scores, tokens) per row
+        "mad": (rng.uniform(0, 0.1, N).round(3), rng.integers(150, 250, N).astype(float)),
+        "iSFT iter 00": (m0, rng.integers(60, 90, N).astype(float)),
+        "iDPO iter 01": (
+            (m0 + rng.normal(0.05, 0.04, N)).clip(0, 1).round(3),
+            rng.integers(40, 80, N).astype(float),
+        ),
+        "iDPO adapter (r8, 0123abcd)": (
+            rng.uniform(0, 0.4, N).round(3),
+            rng.integers(30, 60, N).astype(float),
+        ),
+    }
+
+
+def _results(tmp_path: Path, columns, labels: list[str]) -> dict:
+    """``collect_results`` over a store of hand-built episodes (one per instance and row)."""
+    store = EpisodeStore(tmp_path / "episodes.jsonl")
+    checkpoints = {label: f"/gone/{label}" for label in labels if label != "mad"}
+    methods = build_methods(("mad",), checkpoints, PlaySettings(max_turns=2, max_new_tokens=8))
+    for method in methods:
+        scores, tokens = columns["mad" if method.key == "mad" else method.label]
+        for i in range(N):
+            if (method.key, TASK, i, 0) not in store:
+                store.add(_episode(method.key, i, float(scores[i]), int(tokens[i])))
+    entry = TaskEntry(task=TASK, family="information_exchange", obj=TinyTask(), instances=N)
+    return {**collect_results([entry], methods, store), "eval_generate_s": 1.0}
+
+
+def _paired(values: np.ndarray, base: np.ndarray) -> tuple[float, float, float]:
+    """The difference of the means and its 95% percentile interval over 2000 shared resamples of the
+    instances (numpy's generator, seed 0), computed here from the two columns."""
+    index = np.random.default_rng(0).integers(0, N, size=(2000, N))
+    resampled = values[index].mean(axis=1) - base[index].mean(axis=1)
+    low, high = np.quantile(resampled, [0.025, 0.975])
+    return float(values.mean() - base.mean()), float(low), float(high)
+
+
+def test_every_row_gets_its_paired_difference_to_m0_and_a_table_without_m0_says_so(tmp_path, columns) -> None:
+    spec = DemoTask(name="synth", task=TASK, trainers=("isft", "idpo"))
+    runs = [_Run("isft", ["iter_00"]), _Run("idpo", ["iter_01"])]
+    control = control_label(runs)
+    assert control == "iSFT iter 00"
+    stages = _results(tmp_path / "stages", columns, ["mad", "iSFT iter 00", "iDPO iter 01"])
+    main = _results(tmp_path / "main", columns, ["mad", "iDPO adapter (r8, 0123abcd)"])  # no M_0 played
+    labels = {("isft", "iter_00"): "iSFT iter 00", ("idpo", "iter_01"): "iDPO iter 01"}
+    finals = {"iDPO adapter (r8, 0123abcd)": "iDPO"}
+    summary = summarize(
+        spec, main, None, runs, {}, stages=stages, labels=labels, finals=finals, control=control
+    )
+
+    rows = {r["method"]: r for r in summary["stage_rows"]}
+    assert rows["iSFT iter 00"]["control"] and rows["iSFT iter 00"]["score_vs_m0"] is None
+    m0_scores, m0_tokens = columns["iSFT iter 00"]
+    for label in ("iDPO iter 01", "MAD"):
+        scores, tokens = columns["mad" if label == "MAD" else label]
+        row = rows[label]
+        for value, base, name in ((scores, m0_scores, "score_vs_m0"), (tokens, m0_tokens, "tokens_vs_m0")):
+            estimate, low, high = _paired(value, base)
+            assert row[name] == pytest.approx(estimate, abs=1e-12)
+            assert row[f"{name}_ci"] == pytest.approx([low, high], abs=1e-4)
+            assert low <= estimate <= high
+    stage_table = table1(summary, stages=True)
+    assert "| M_0 (iSFT iter 00, shared initialization) |" in stage_table
+    idpo = rows["iDPO iter 01"]
+    assert diff_cell(idpo["score_vs_m0"], idpo["score_vs_m0_ci"], 3) in stage_table
+    assert "M_0 missing" not in stage_table
+
+    # the table of adapters has no M_0 episodes: no difference, and the report says why
+    assert all(r.get("score_vs_m0") is None and not r["control"] for r in summary["rows"])
+    assert set(summary["control_missing"]) == {"table"}
+    assert "iSFT iter 00" in summary["control_missing"]["table"]
+    block = readme_block({"command": "c", "train_s": 1.0, "eval_s": 1.0, "report": "r.md", "folder": "f",
+                          "tasks": [summary]})  # fmt: skip
+    assert (
+        "**M_0 missing**: M_0 (iSFT iter 00, the shared initialization) is missing from this table" in block
+    )
+
+    # with M_0 played in the table too, the adapters are compared with it there
+    main = _results(tmp_path / "both", columns, ["mad", "iSFT iter 00", "iDPO adapter (r8, 0123abcd)"])
+    summary = summarize(
+        spec, main, None, runs, {}, stages=stages, labels=labels, finals=finals, control=control
+    )
+    (adapter,) = [r for r in summary["rows"] if r["final_of"] == "iDPO"]
+    estimate, low, high = _paired(columns["iDPO adapter (r8, 0123abcd)"][0], m0_scores)
+    assert adapter["score_vs_m0"] == pytest.approx(estimate) and adapter["score_vs_m0_ci"] == pytest.approx(
+        [low, high], abs=1e-4
+    )
+    assert summary["control_missing"] == {} and "M_0 missing" not in table1(summary)
