@@ -11,6 +11,7 @@ builtin it refines, so that a generic ``except LookupError`` or ``except ValueEr
     │   └── ConfigError                         a configuration key or value that is not valid
     ├── EnvNotResetError        (RuntimeError)  an env used before its first ``reset()``
     ├── DataError               (ValueError)    a dataset file or row that is malformed or missing
+    ├── EmptySelectionError     (ValueError)    training-data selection kept nothing: the run stops
     │   └── CorruptCheckpointError              checkpoint files that no longer match their manifest
     ├── ScoringError            (ValueError)    a scorer fed input it cannot score
     ├── BackendError            (RuntimeError)  a generation backend failed (after its retries)
@@ -35,6 +36,7 @@ __all__ = [
     "ConfigError",
     "CorruptCheckpointError",
     "DataError",
+    "EmptySelectionError",
     "EnvNotResetError",
     "EpisodeOverError",
     "MissingDependencyError",
@@ -82,6 +84,11 @@ class DataError(OptimaError, ValueError):
 
 class CorruptCheckpointError(DataError):
     """Raised when a checkpoint's files no longer match the manifest in its ``COMPLETE`` marker."""
+
+
+class EmptySelectionError(OptimaError, ValueError):
+    """Raised when a stage's training-data selection keeps no trajectory (the run stops there
+    instead of training on nothing); says how far the best one fell short and what to change."""
 
 
 class ScoringError(OptimaError, ValueError):

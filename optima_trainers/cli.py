@@ -205,6 +205,7 @@ def resolve_from_args(ns: argparse.Namespace, pm: Any) -> tuple[Any, Any]:
     )
     if ns.print_config:
         return config, None
+    _check_config_paths(config)
     return config, _create_run(config, ns)
 
 
@@ -246,19 +247,63 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+def _check_paths(ns: argparse.Namespace) -> None:
+    """Refuse path-taking flags that cannot work, before anything is loaded or created."""
+    from optima_env.paths import check_input_folder, check_model_flag, check_output_folder
+
+    for flag in ("--model", "--readability-model"):
+        value = getattr(ns, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            check_model_flag(flag, value)
+    if ns.data_dir:
+        check_input_folder("--data-dir", ns.data_dir)
+    if not ns.resume:
+        check_output_folder("--runs-root", ns.runs_root)
+        if ns.run_dir is not None:
+            check_output_folder("--run-dir", ns.run_dir)
+
+
+def _check_config_paths(config: Any) -> None:
+    """The resolved configuration's models (set by a flag, ``--set`` or a preset) can load."""
+    from optima_env.paths import check_model_flag
+
+    check_model_flag("model", config.model)
+    if config.readability_model:
+        check_model_flag("readability_model", config.readability_model)
+    for agent, model in dict(config.generation.agent_models).items():
+        check_model_flag(f"generation.agent_models[{agent!r}]", model)
+
+
+def _quiet_progress() -> None:
+    """``--no-progress``: silence every bar, ours and the libraries' (tqdm's own switch covers
+    TRL's and transformers' trainers; the hub and transformers have their own)."""
+    os.environ["TQDM_DISABLE"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 2 on a usage, configuration or data error)."""
+    """Entry point; returns the exit status (0 ok, 2 on a usage, configuration or data error,
+    130 when interrupted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if "--no-progress" in argv:
+        _quiet_progress()
     from optima_env.registry import get_plugin_manager
-    from optima_trainers.loop import IterativeTrainer
 
+    run = None
+    created = False
     try:
         pm = get_plugin_manager()
         wants_help = any(a in ("-h", "--help") for a in argv)
         ns = build_parser(pm if wants_help else None).parse_args(argv)
+        _check_paths(ns)
         if ns.data_dir:
             os.environ["OPTIMA_DATA_DIR"] = ns.data_dir
         _set_threads(ns.threads)
@@ -266,13 +311,27 @@ def main(argv: list[str] | None = None) -> int:
         if ns.print_config:
             print(json.dumps(config.to_dict(), indent=2))
             return 0
+        created = not ns.resume
         logger.info("run folder: %s", run.root)
-        metrics = IterativeTrainer(config, run_dir=run, pm=pm, progress=not ns.no_progress).run()
+        metrics = _train(config, run, pm, progress=not ns.no_progress)
     except OptimaError as exc:
+        _discard(run, created)
         if debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if _discard(run, created) or run is None:
+            print("interrupted before the run started; nothing to resume", file=sys.stderr)
+        else:
+            print(
+                f"interrupted; continue with: python -m optima_trainers.train --resume --run-dir {run.root}",
+                file=sys.stderr,
+            )
+        return 130
+    except BaseException:
+        _discard(run, created)
+        raise
     keys = (
         "reward/total",
         "rollout/task_score",
@@ -286,3 +345,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{record['stage']}: {shown}")
     print(f"run folder: {run.root}")
     return 0
+
+
+def _train(config: Any, run: Any, pm: Any, *, progress: bool) -> list[dict[str, Any]]:
+    from optima_trainers.loop import IterativeTrainer
+
+    return IterativeTrainer(config, run_dir=run, pm=pm, progress=progress).run()
+
+
+def _discard(run: Any, created: bool) -> bool:
+    """Remove a run this invocation created that failed before its first stage (it would block
+    the corrected command and could only resume the failing configuration)."""
+    if run is None or not created:
+        return False
+    discarded = run.discard_unstarted()
+    if discarded:
+        logger.info("removed %s: the run failed before its first stage", run.root)
+    return discarded

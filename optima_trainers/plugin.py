@@ -84,6 +84,6 @@ def optima_register_trainers() -> list[TrainerSpec]:
 def optima_select_training_data(
     episodes: Sequence[Episode], trainer: str, config: Mapping[str, Any]
 ) -> list[Episode] | None:
-    from optima_trainers.selection import SelectionConfig, select_isft
+    from optima_trainers.selection import select_training_data
 
-    return select_isft(episodes, SelectionConfig.from_mapping(config))
+    return select_training_data(episodes, config)

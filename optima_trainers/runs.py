@@ -20,16 +20,16 @@ Layout (``runs/<task>__<trainer>__<seed>__<time>/`` by default)::
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from optima_env.errors import DataError, TaskContractError
 from optima_env.io import append_jsonl, read_json_object, read_jsonl, read_text, write_json_atomic
+from optima_env.paths import LOCK_NAME, folder_lock
 from optima_trainers.config import TrainConfig
 
 __all__ = ["RunDir", "default_run_name", "read_instances", "read_json", "read_stage_result", "wait_for"]
@@ -100,12 +100,15 @@ class RunDir:
         cls, config: TrainConfig, *, run_dir: str | os.PathLike[str] | None = None, base: str = "runs"
     ) -> RunDir:
         """A new run folder holding ``config.json``; refuses a folder that already holds a run."""
-        root = Path(run_dir) if run_dir is not None else Path(base) / default_run_name(config)
-        if (root / "config.json").exists():
-            raise TaskContractError(
-                f"{root} already holds a run; pass --resume to continue it, or choose another --run-dir"
-            )
-        root.mkdir(parents=True, exist_ok=True)
+        if run_dir is None:
+            root = _new_folder(Path(base), default_run_name(config))
+        else:
+            root = Path(run_dir)
+            if (root / "config.json").exists():
+                raise TaskContractError(
+                    f"{root} already holds a run; pass --resume to continue it, or choose another --run-dir"
+                )
+            root.mkdir(parents=True, exist_ok=True)
         run = cls(root)
         write_json_atomic(root / "config.json", config.to_dict())
         run.save_state(status="created")
@@ -200,20 +203,45 @@ class RunDir:
                 path.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
         append_jsonl(path, [dict(record)])
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold an exclusive lock on the run (a second process on the same run fails at once)."""
-        handle = open(self.root / ".lock", "a+")
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the run's one-writer lock (:func:`optima_env.paths.folder_lock`: a second process
+        on the same run fails at once, naming the holder's pid; a dead holder's lock is free)."""
+        return folder_lock(self.root, what="the run folder")
+
+    def started(self) -> bool:
+        """Whether any stage has begun (a stage folder exists, or the state names a stage)."""
+        return "stage" in self.state() or any(p.is_dir() for p in self.root.iterdir())
+
+    def discard_unstarted(self) -> bool:
+        """Remove this run's own files when no stage has begun (a run that failed at start-up),
+        so the corrected command, or the same ``--run-dir``, starts afresh; the folder goes too
+        when nothing else is in it. Returns whether the run was discarded (a run some process
+        holds, or one that started, is kept)."""
         try:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError as exc:
-                raise TaskContractError(
-                    f"{self.root} is in use by another process; wait for it or stop it before resuming"
-                ) from exc
-            yield
-        finally:
-            handle.close()
+            with self.lock():
+                if self.started():
+                    return False
+                for name in ("config.json", "state.json", "metrics.jsonl", LOCK_NAME):
+                    (self.root / name).unlink(missing_ok=True)
+        except TaskContractError:  # held by another process: not ours to remove
+            return False
+        with contextlib.suppress(OSError):
+            self.root.rmdir()  # only when empty: a user's own files stay
+        return True
+
+
+def _new_folder(base: Path, name: str) -> Path:
+    """``base/name``, created here and now; when another run took that name in the same second,
+    ``name-2``, ``name-3``, ... (``mkdir`` is atomic, so two runs never share a folder)."""
+    base.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        root = base / (name if n == 1 else f"{name}-{n}")
+        try:
+            root.mkdir()
+        except FileExistsError:
+            continue
+        return root
+    raise TaskContractError(f"{base}: 999 run folders named {name}*; pass --run-dir")
 
 
 def wait_for(path: Path, *alternatives: Path, poll_s: float = 1.0) -> Path:

@@ -24,10 +24,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from optima_env.errors import DataError, TaskContractError
+from optima_env.errors import DataError, EmptySelectionError, TaskContractError
 from optima_env.types import Episode
 
-__all__ = ["SelectionConfig", "best_per_instance", "draw_sample_id", "select_isft"]
+__all__ = [
+    "SelectionConfig",
+    "best_per_instance",
+    "draw_sample_id",
+    "select_isft",
+    "select_training_data",
+]
 
 IMPERSONATION_FLAG = "impersonation_sft"
 
@@ -166,3 +172,25 @@ def select_isft(episodes: Sequence[Episode], config: SelectionConfig | None = No
     if config.drop_impersonation:
         chosen = [e for e in chosen if IMPERSONATION_FLAG not in (e.reward.flags if e.reward else ())]
     return chosen
+
+
+def select_training_data(episodes: Sequence[Episode], config: Mapping[str, Any]) -> list[Episode]:
+    """:func:`select_isft` as a training stage uses it (the built-in selection hook): a stage whose
+    selection keeps nothing raises :class:`~optima_env.errors.EmptySelectionError` naming the best
+    trajectory's value and the threshold, so the run stops with what to change instead of
+    training on nothing and exiting as if it had worked."""
+    selection = SelectionConfig.from_mapping(config)
+    chosen = select_isft(episodes, selection)
+    if chosen or not episodes:
+        return chosen
+    task_threshold = selection.threshold_on == "task"
+    best = max(e.task_score if task_threshold else _total(e) for e in episodes)
+    tested = "task score (must be > theta)" if task_threshold else "total reward (must be >= theta)"
+    extra = f", min_task_score={selection.min_task_score}" if selection.min_task_score is not None else ""
+    raise EmptySelectionError(
+        f"the selection of stage {config.get('stage', '?')!r} kept none of its {len(episodes)} scored "
+        f"trajectories: the best {tested} is {best:.4g}, selection.theta is {selection.theta}"
+        f"{extra} (keep={list(selection.keep)}); nothing would train. Start a new run with a lower "
+        f"threshold (--theta-sft {math.floor(best * 100) / 100:g}, or --set selection.theta=...), or "
+        "more samples per instance (--samples)"
+    )

@@ -1,0 +1,118 @@
+"""``python -m optima_trainers.train`` on a new user's mistakes (issue 32), through the real CLI in
+subprocesses: one ``error:`` line, exit 2, no traceback, and no run folder left that blocks the
+corrected command; an empty selection stops the run; Ctrl-C says how to resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from optima_trainers.config import resolve_config
+from optima_trainers.runs import RunDir
+from tests.helpers import REPO_ROOT
+from tests.optima_trainers.tiny_model import make_tiny_model
+
+TINY_RUN = ("--profile", "cpu", "--instances", "2", "--samples", "1", "--max-turns", "2",
+            "--max-new-tokens", "4", "--iterations", "1", "--threads", "1", "--no-progress")  # fmt: skip
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def train(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "optima_trainers.train", *argv],
+        cwd=cwd, capture_output=True, text=True, timeout=600, env={**env(), "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The single ``error:`` line, checked to be the last line, with exit 2 and no traceback."""
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and proc.stderr.rstrip().endswith(lines[0]), proc.stderr[-2000:]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def test_path_flags_are_one_line_and_leave_no_run(tmp_path) -> None:
+    (tmp_path / "notamodel").mkdir()
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    (tmp_path / "empty").mkdir()
+    cases = [
+        (["--model", "notamodel"], "--model 'notamodel' is a folder but not a model"),
+        (["--model", "./missing"], "--model './missing' does not exist"),
+        (["--model", "acme/not-cached-model"], "nor a model in the Hugging Face cache"),
+        (["--readability-model", "notamodel"], "--readability-model 'notamodel' is a folder but not a model"),
+        (["--run-dir", "afile"], "--run-dir 'afile' is a file"),
+        (["--data-dir", "missing"], "--data-dir 'missing': expected an existing folder"),
+        # fails after its folder was made, before the first stage: the folder is removed
+        (["--task", "hotpotqa", "--data-dir", "empty", "--run-dir", "runs/x"], "cannot load hotpotqa"),
+    ]
+    for argv, message in cases:
+        assert message in one_error_line(train(*argv, cwd=tmp_path)), argv
+    assert not (tmp_path / "runs" / "x").exists()
+    assert not any((tmp_path / "runs").glob("*/config.json"))
+
+
+def test_an_empty_selection_stops_the_run_with_what_to_change(tmp_path, tiny) -> None:
+    line = one_error_line(train("--model", str(tiny), *TINY_RUN, "--theta-sft", "100", cwd=tmp_path))
+    assert "kept none of its 2 scored trajectories" in line and "selection.theta is 100.0" in line
+    assert "--theta-sft" in line
+
+
+def test_ctrl_c_says_how_to_resume(tmp_path, tiny) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "optima_trainers.train", "--model", str(tiny), *TINY_RUN,
+         "--samples", "64", "--run-dir", "run"],
+        cwd=tmp_path, stderr=subprocess.PIPE, text=True, env={**env(), "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    lines = []
+    for line in proc.stderr:  # wait until the first stage runs
+        lines.append(line)
+        if "stage 1/1" in line:
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130
+    assert "Traceback" not in rest
+    last = rest.strip().splitlines()[-1]
+    assert last == f"interrupted; continue with: python -m optima_trainers.train --resume --run-dir {tmp_path / 'run'}"
+
+
+def test_default_run_names_never_collide(tmp_path) -> None:
+    config = resolve_config("ie/synth-v0", "isft", profile="cpu")
+    first, second = (RunDir.create(config, base=str(tmp_path)) for _ in range(2))  # same second
+    assert first.root != second.root and second.root.name.startswith(first.root.name)
+
+
+def test_a_run_folder_has_one_writer(tmp_path) -> None:
+    run = RunDir.create(resolve_config("ie/synth-v0", "isft", profile="cpu"), run_dir=tmp_path / "run")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys,time; from optima_trainers.runs import RunDir\n"
+         "with RunDir(sys.argv[1]).lock():\n print('held', flush=True); time.sleep(60)", str(run.root)],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True, env=env(),
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(Exception, match=f"in use by another process \\(pid {holder.pid}\\)"):
+            with run.lock():
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with run.lock():  # the dead holder's lock is taken over
+        assert (run.root / ".lock").read_text(encoding="utf-8").strip() == str(os.getpid())
