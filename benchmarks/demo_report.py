@@ -16,7 +16,7 @@ from benchmarks.demo_tasks import DemoTask, eval_settings, trainer_label
 from benchmarks.intervals import add_intervals, cell
 from optima_env.io import write_json_atomic, write_text_atomic
 
-__all__ = ["readme_block", "render_report", "summarize", "table1", "write_pages"]
+__all__ = ["readme_block", "render_report", "summarize", "table1", "table_rows", "write_pages"]
 
 
 def _row(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -92,8 +92,8 @@ def summarize(
     }
     if main is None:
         return summary
-    rows, missing = _rows(main, control)
-    stage_rows, stages_missing = _rows(stages, control) if stages else ([], None)
+    rows, missing = table_rows(main, control)
+    stage_rows, stages_missing = table_rows(stages, control) if stages else ([], None)
     summary["control"] = control
     summary["control_missing"] = {
         k: v for k, v in (("table", missing), ("stages", stages_missing if stages else None)) if v
@@ -120,7 +120,7 @@ def summarize(
     return summary
 
 
-def _rows(results: Mapping[str, Any], control: str | None) -> tuple[list[dict[str, Any]], str | None]:
+def table_rows(results: Mapping[str, Any], control: str | None) -> tuple[list[dict[str, Any]], str | None]:
     """The table's rows with their intervals, ratios to MAD and differences to M_0 (``control``,
     its row label), and why M_0 is missing (None when it is there)."""
     add_intervals(results["rows"], base_key="mad")
@@ -298,7 +298,12 @@ def render_report(demo: Mapping[str, Any]) -> str:
         + (f" since {demo['invocations_since']}" if demo.get("invocations_since") else "")
         + " (invocations.json); this invocation started "
         f"{demo['started']} and took {demo['wall_time_s'] / 60:.1f} min; git commit {demo['git_commit']}; "
-        f"torch threads {demo['threads']}.",
+        f"torch threads {demo['threads']}."
+        + (
+            f" Tables re-rendered from the committed results, no model run: {demo['rerendered']}."
+            if demo.get("rerendered")
+            else ""
+        ),
         "",
         "Rows: **CoT** the untrained model alone with all the evidence, **SC** its majority vote over "
         "8 samples (T=0.7), **MAD** the untrained 2-agent system with natural-language prompts, "

@@ -143,3 +143,42 @@ def test_every_row_gets_its_paired_difference_to_m0_and_a_table_without_m0_says_
         [low, high], abs=1e-4
     )
     assert summary["control_missing"] == {} and "M_0 missing" not in table1(summary)
+
+
+def test_the_committed_tables_rerender_with_m0_and_no_model(tmp_path, columns, capsys) -> None:
+    import json
+
+    from benchmarks.demo_rerender import main
+
+    out = tmp_path / "demo"
+    for folder, labels in (
+        ("stages", ["mad", "iSFT iter 00", "iDPO iter 01"]),
+        ("eval", ["mad", "iDPO adapter (r8, 0123abcd)"]),
+    ):
+        results = _results(tmp_path / folder, columns, labels)
+        (out / "synth" / folder).mkdir(parents=True)
+        (out / "synth" / folder / "results.json").write_text(json.dumps(results), encoding="utf-8")
+    spec = DemoTask(name="synth", task=TASK, trainers=("isft", "idpo"))
+    runs = [_Run("isft", ["iter_00"]), _Run("idpo", ["iter_01"])]
+    finals = {"iDPO adapter (r8, 0123abcd)": "iDPO"}
+    published = _results(tmp_path / "e", columns, ["mad", "iDPO adapter (r8, 0123abcd)"])
+    old = summarize(spec, published, None, runs, {}, stages=None, labels={}, finals=finals)
+    assert [p["stage"] for p in old["curves"]["iSFT"]] == ["iter_00"]  # what names M_0 on a re-render
+    demo = {"command": "c", "started": "s", "wall_time_s": 1.0, "train_s": 1.0, "eval_s": 1.0,
+            "git_commit": "g", "threads": 1, "folder": str(out), "report": "r.md",
+            "tasks": [json.loads(json.dumps(old))]}  # fmt: skip
+    (out / "demo.json").write_text(json.dumps(demo), encoding="utf-8")
+    assert main([str(out)]) == 0
+    new = json.loads((out / "demo.json").read_text(encoding="utf-8"))
+    (task,) = new["tasks"]
+    assert task["control"] == "iSFT iter 00" and set(task["control_missing"]) == {"table"}
+    (idpo,) = [r for r in task["stage_rows"] if r["method"] == "iDPO iter 01"]
+    estimate, low, high = _paired(columns["iDPO iter 01"][0], columns["iSFT iter 00"][0])
+    assert idpo["score_vs_m0"] == pytest.approx(estimate) and idpo["score_vs_m0_ci"] == pytest.approx(
+        [low, high], abs=1e-4
+    )
+    assert [r["final_of"] for r in task["rows"]] == [None, "iDPO"]  # kept from the published rows
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "| M_0 (iSFT iter 00, shared initialization) |" in report and "**M_0 missing**" in report
+    assert "no model run" in report
+    assert main([str(tmp_path / "nothing")]) == 2 and "cannot re-render" in capsys.readouterr().err
