@@ -46,6 +46,9 @@ def _curve(
                 "sampled_score": metrics.get("rollout/task_score"),
                 "sampled_tokens": metrics.get("rollout/tokens"),
                 "loss": metrics.get("train/loss"),
+                # a DPO stage's held-out pairs after training (absent in records before they were kept)
+                "pair_accuracy": metrics.get("train/eval_rewards/accuracies"),
+                "pair_margin": metrics.get("train/eval_rewards/margins"),
                 "wall_s": sum(v for k, v in metrics.items() if k.startswith("time/")),
                 "shared": stage == run.shared,
             }
@@ -221,11 +224,18 @@ def table1(summary: Mapping[str, Any], *, stages: bool = False) -> str:
     return "\n".join(lines) + (f"\n\n{missing}" if missing else "")
 
 
+def _pairs(point: Mapping[str, Any]) -> str:
+    """A DPO stage's held-out pair accuracy and mean reward margin (``–`` for SFT stages and for
+    records written before DPO stages evaluated their held-out pairs)."""
+    accuracy, margin = point.get("pair_accuracy"), point.get("pair_margin")
+    return "–" if accuracy is None else f"{accuracy:.2f} / {_fmt(margin, 4)}"
+
+
 def _curve_table(summary: Mapping[str, Any]) -> list[str]:
     lines = [
         "| Run | Stage | Held-out score | Held-out tokens | Selected / pairs | Sampled score | Train loss "
-        "| Wall s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| Held-out pair accuracy / margin | Wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for run, points in summary.get("curves", {}).items():
         for p in points:
@@ -233,7 +243,7 @@ def _curve_table(summary: Mapping[str, Any]) -> list[str]:
             lines.append(
                 f"| {run} | {p['stage']}{' (shared M_0)' if p['shared'] else ''} | {_fmt(p['score'])} | "
                 f"{_fmt(p['tokens'], 1)} | {_fmt(int(data) if data is not None else None)} | "
-                f"{_fmt(p['sampled_score'])} | {_fmt(p['loss'])} | {_fmt(p['wall_s'], 0)} |"
+                f"{_fmt(p['sampled_score'])} | {_fmt(p['loss'])} | {_pairs(p)} | {_fmt(p['wall_s'], 0)} |"
             )
     return lines
 

@@ -145,6 +145,23 @@ def test_every_row_gets_its_paired_difference_to_m0_and_a_table_without_m0_says_
     assert summary["control_missing"] == {} and "M_0 missing" not in table1(summary)
 
 
+def test_the_curves_show_each_dpo_stage_s_held_out_pairs(tmp_path, columns) -> None:
+    from benchmarks.demo_report import render_report
+
+    spec = DemoTask(name="synth", task=TASK, trainers=("isft", "idpo"))
+    runs = [_Run("isft", ["iter_00"]), _Run("idpo", ["iter_01"])]
+    held_out = {"train/eval_rewards/accuracies": 0.75, "train/eval_rewards/margins": 0.0123}
+    runs[1].metrics = ({"stage": "iter_01", **held_out},)  # as the stage's metrics.jsonl record has them
+    main = _results(tmp_path, columns, ["mad", "iSFT iter 00"])
+    summary = summarize(spec, main, None, runs, {}, labels={}, finals={}, control=control_label(runs))
+    demo = {"command": "c", "started": "s", "wall_time_s": 1.0, "train_s": 1.0, "eval_s": 1.0,
+            "git_commit": "g", "threads": 1, "tasks": [summary]}  # fmt: skip
+    lines = render_report(demo).splitlines()
+    (isft,) = [line for line in lines if line.startswith("| iSFT | iter_00")]
+    (idpo,) = [line for line in lines if line.startswith("| iDPO | iter_01")]
+    assert "| 0.75 / 0.0123 |" in idpo and "| – |" in isft  # SFT stages have no pairs
+
+
 def test_the_committed_tables_rerender_with_m0_and_no_model(tmp_path, columns, capsys) -> None:
     import json
 
