@@ -1,5 +1,6 @@
 """Re-render the demo's tables from its committed results, without running any model:
-``python -m benchmarks.demo_rerender [OUT]`` (default ``benchmarks/results/demo``).
+``python -m benchmarks.demo_rerender [OUT] [--update-readme]`` (default ``benchmarks/results/demo``;
+``--update-readme``: also the README's demo block, from the current folder's ``README.md``).
 
 For each evaluated task of ``OUT/demo.json`` it reads the per-instance rows of the table
 (``<task>/eval/results.json``) and of the stages (``<task>/stages/results.json``), recomputes
@@ -19,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.demo_control import control_label
-from benchmarks.demo_report import render_report, table_rows
+from benchmarks.demo_report import readme_block, render_report, table_rows
 from benchmarks.demo_tasks import DEMO_TASKS, trainer_label
+from benchmarks.readme import replace_block
 from optima_env.errors import DataError
 from optima_env.io import read_json_object, write_json_atomic, write_text_atomic
 
@@ -57,26 +59,31 @@ def _task(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
             "control_missing": missing_by_table}  # fmt: skip
 
 
-def rerender(out: Path) -> dict[str, Any]:
-    """Recompute the tables of ``out/demo.json`` from the committed results; rewrite it and
-    ``report.md``; returns the new ``demo.json`` content."""
+def rerender(out: Path, *, readme: Path | None = None) -> dict[str, Any]:
+    """Recompute the tables of ``out/demo.json`` from the committed results; rewrite it,
+    ``report.md`` and (with ``readme``) the README's demo block; returns the new ``demo.json``."""
     demo = read_json_object(out / "demo.json")
     tasks = [_task(out, s) if s.get("status") == "ok" and s.get("rows") else s for s in demo["tasks"]]
     when = time.strftime("%Y-%m-%d %H:%M %Z")
-    demo = {**demo, "tasks": tasks, "rerendered": f"`{COMMAND} {out}` at {when}"}
+    flag = " --update-readme" if readme is not None else ""
+    demo = {**demo, "tasks": tasks, "rerendered": f"`{COMMAND} {out}{flag}` at {when}"}
     write_json_atomic(out / "demo.json", demo)
     write_text_atomic(out / "report.md", render_report(demo))
+    if readme is not None:
+        replace_block(readme, "demo", readme_block(demo))
     return demo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    update = "--update-readme" in args
+    args = [a for a in args if a != "--update-readme"]
     if len(args) > 1 or any(a.startswith("-") for a in args):
-        print(f"usage: {COMMAND} [OUT] (the demo's results folder; got {' '.join(args)})", file=sys.stderr)
+        print(f"usage: {COMMAND} [OUT] [--update-readme] (got {' '.join(args)})", file=sys.stderr)
         return 2
     out = Path(args[0] if args else "benchmarks/results/demo")
     try:
-        rerender(out)
+        rerender(out, readme=Path("README.md") if update else None)
     except (DataError, OSError, KeyError) as exc:
         print(f"{COMMAND}: cannot re-render {out}: {exc}; expected a demo results folder", file=sys.stderr)
         return 2

@@ -162,7 +162,7 @@ def test_the_curves_show_each_dpo_stage_s_held_out_pairs(tmp_path, columns) -> N
     assert "| 0.75 / 0.0123 |" in idpo and "| – |" in isft  # SFT stages have no pairs
 
 
-def test_the_committed_tables_rerender_with_m0_and_no_model(tmp_path, columns, capsys) -> None:
+def test_the_committed_tables_rerender_with_m0_and_no_model(tmp_path, columns, capsys, monkeypatch) -> None:
     import json
 
     from benchmarks.demo_rerender import main
@@ -198,4 +198,10 @@ def test_the_committed_tables_rerender_with_m0_and_no_model(tmp_path, columns, c
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "| M_0 (iSFT iter 00, shared initialization) |" in report and "**M_0 missing**" in report
     assert "no model run" in report
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- begin demo -->\nSTALE BLOCK\n<!-- end demo -->\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main([str(out), "--update-readme"]) == 0
+    block = readme.read_text(encoding="utf-8")
+    assert "STALE BLOCK" not in block and "**M_0 missing**" in block and "--update-readme` at" in block
     assert main([str(tmp_path / "nothing")]) == 2 and "cannot re-render" in capsys.readouterr().err
