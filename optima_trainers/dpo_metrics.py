@@ -3,7 +3,10 @@
 TRL's ``DPOTrainer`` logs its metrics per logging step (:data:`DPO_METRICS` but the loss's parts);
 :func:`split_loss_trainer` adds the loss split into its DPO and NLL parts, which TRL does not
 log; :func:`epoch_summary`, :func:`eval_summary` and :func:`result_metrics` turn the log history
-into the stage's scalar summary (per-epoch means, the last held-out evaluation).
+into the stage's scalar summary (per-epoch means, the last held-out evaluation). They are written
+here because TRL keeps no per-epoch summary: it logs each logging window and each evaluation, and
+the stage's record needs a few scalars per stage (the tracker's stage point, the demo's committed
+metrics) beside the whole history.
 """
 
 from __future__ import annotations
