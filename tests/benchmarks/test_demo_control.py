@@ -205,3 +205,12 @@ def test_the_committed_tables_rerender_with_m0_and_no_model(tmp_path, columns, c
     block = readme.read_text(encoding="utf-8")
     assert "STALE BLOCK" not in block and "**M_0 missing**" in block and "--update-readme` at" in block
     assert main([str(tmp_path / "nothing")]) == 2 and "cannot re-render" in capsys.readouterr().err
+
+
+def test_the_doctests_pass() -> None:
+    import doctest
+
+    from benchmarks import demo_control
+
+    result = doctest.testmod(demo_control)
+    assert result.attempted and result.failed == 0

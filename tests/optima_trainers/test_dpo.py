@@ -212,3 +212,12 @@ def test_a_record_without_history_still_reads(tiny_model_dir, tmp_path) -> None:
     marker.write_text(json.dumps(old))
     record = require_complete(out)
     assert record.history == () and record.steps == 1 and record.metrics == old["metrics"]
+
+
+def test_the_dpo_metrics_doctests_pass() -> None:
+    import doctest
+
+    from optima_trainers import dpo_metrics
+
+    result = doctest.testmod(dpo_metrics)
+    assert result.attempted and result.failed == 0
