@@ -10,8 +10,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.policies import parse_agent_models
 from optima_env import configtree
 from optima_env.errors import RunConfigError
+from optima_env.paths import check_input_folder, check_model_flag, check_output_folder
 from optima_env.reward import RewardConfig
 
 __all__ = [
@@ -19,6 +21,8 @@ __all__ = [
     "RunArgs",
     "RunConfigError",
     "bench_config",
+    "check_paths",
+    "checkpoint_specs",
     "command_line",
     "parse_args",
     "vllm_options",
@@ -98,6 +102,29 @@ class RunArgs:
     reward.short_trajectory_tokens=none, ... (the reward of every episode; a task's own thresholds
     apply first). The fields are listed below."""
 
+    def __post_init__(self) -> None:
+        for name in ("episodes", "max_turns", "max_new_tokens", "sc_n", "scaling_k", "concurrency", "threads",
+                     "vllm_tensor_parallel_size", "vllm_data_parallel_size"):  # fmt: skip
+            _at_least(name, getattr(self, name), 1)
+        _at_least("viewer_limit", self.viewer_limit, 0)
+        for name in ("temperature", "sc_temperature", "scaling_temperature"):
+            _at_least(name, getattr(self, name), 0.0)
+        if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
+            raise RunConfigError(
+                f"--vllm-gpu-memory-utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}"
+            )
+
+
+def _at_least(name: str, value: float | None, low: float) -> None:
+    """Refuse a numeric flag below ``low`` (``None``: the suite's default)."""
+    if value is not None and value < low:
+        flag = "--" + name.replace("_", "-")
+        what = "instances per task" if name == "episodes" else "the value"
+        raise RunConfigError(
+            f"{flag} must be at least {low:g} ({what}), got {value:g}; pass {flag} {low:g} or more, "
+            "or leave it out for the suite's default"
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchConfig:
@@ -122,6 +149,38 @@ def vllm_options(args: RunArgs, backend: str) -> dict[str, Any]:
 def bench_config(args: RunArgs) -> BenchConfig:
     """The ``--set`` values applied to :class:`BenchConfig` (a bad name or value fails here)."""
     return configtree.apply(BenchConfig(), configtree.parse_sets(args.set))
+
+
+def checkpoint_specs(specs: tuple[str, ...]) -> dict[str, str]:
+    """``--checkpoint NAME=PATH`` values as ``{name: path}`` (a malformed or repeated one is refused)."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise RunConfigError(f"--checkpoint expects NAME=PATH (e.g. iSFT=runs/isft/iter5), got {spec!r}")
+        if name.strip() in out:
+            raise RunConfigError(f"--checkpoint name {name.strip()!r} is given twice; names label the rows")
+        out[name.strip()] = path.strip()
+    return out
+
+
+_MODEL_NAMES = ("embedded", "scripted")
+
+
+def check_paths(args: RunArgs, backend: str, checkpoints: dict[str, str]) -> None:
+    """Refuse path-taking flags that cannot work, before any model is loaded or folder made."""
+    if args.out is not None:
+        check_output_folder("--out", args.out)
+    if args.data_dir:
+        check_input_folder("--data-dir", args.data_dir)
+    if args.model != "scripted" and backend != "openai":
+        models = parse_agent_models(args.model) or {"": args.model}
+        for agent, model in models.items():
+            check_model_flag(f"--model (agent {agent})" if agent else "--model", model, names=_MODEL_NAMES)
+    if args.tokenizer is not None:
+        check_model_flag("--tokenizer", args.tokenizer)
+    for name, path in checkpoints.items():
+        check_model_flag(f"--checkpoint {name}=PATH:", path, names=_MODEL_NAMES)
 
 
 # -- command line ---------------------------------------------------------------------------------

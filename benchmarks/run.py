@@ -54,10 +54,13 @@ from benchmarks.args import (
     RunArgs,
     RunConfigError,
     bench_config,
+    check_paths,
+    checkpoint_specs,
     command_line,
     parse_args,
     vllm_options,
 )
+from benchmarks.demo_tasks import MAIN_TASK
 from benchmarks.intervals import add_intervals, ratio_table
 from benchmarks.methods import PlaySettings, build_methods
 from benchmarks.outputs import collect_results, write_outputs
@@ -69,6 +72,7 @@ from optima_env import configtree
 from optima_env.backends.peft_adapter import is_adapter
 from optima_env.errors import OptimaError
 from optima_env.io import write_json_atomic, write_text_atomic
+from optima_env.paths import folder_lock
 from optima_trainers.provenance import git_commit
 
 __all__ = ["REPO_README", "RunArgs", "RunConfigError", "main", "parse_args", "run", "vllm_options"]
@@ -90,20 +94,18 @@ def _git_commit(root: Path | None = None) -> str | None:
     return git_commit(root or Path(__file__).resolve().parents[1], ignore=_WRITTEN_BY_RUNS)
 
 
-def _checkpoints(specs: tuple[str, ...]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name.strip() or not path.strip():
-            raise RunConfigError(f"--checkpoint expects NAME=PATH (e.g. iSFT=runs/isft/iter5), got {spec!r}")
-        if name.strip() in out:
-            raise RunConfigError(f"--checkpoint name {name.strip()!r} is given twice; names label the rows")
-        out[name.strip()] = path.strip()
-    return out
-
-
-def _suite_adapters(suite: Any) -> dict[str, str]:
-    """The suite's trained systems whose adapter folders exist (a missing one is a notice)."""
+def _suite_adapters(suite: Any, task_ids: list[str]) -> dict[str, str]:
+    """The suite's trained systems whose adapter folders exist (a missing one is a notice), when
+    every task of the run is the one they were trained on (``MAIN_TASK``); none otherwise."""
+    if not suite.adapters:
+        return {}
+    if any(t != MAIN_TASK.task for t in task_ids):
+        logger.info(
+            "the %s suite's trained adapters are left out: they were trained on %s, not on %s "
+            "(pass --checkpoint NAME=PATH for models trained on your task)",
+            suite.name, MAIN_TASK.task, ", ".join(t for t in task_ids if t != MAIN_TASK.task),
+        )  # fmt: skip
+        return {}
     found = {}
     for label, folder in suite.adapters:
         if is_adapter(folder):
@@ -187,40 +189,91 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
     if args.data_dir:
         os.environ["OPTIMA_DATA_DIR"] = args.data_dir
     suite = get_suite(args.suite)
+    checkpoints = checkpoint_specs(args.checkpoint)
+    backend = args.backend or suite.backend
+    check_backend_flags(args.model, backend, base_urls=args.base_url)
+    check_paths(args, backend, checkpoints)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_name = f"{suite.name}__{Path(args.model).name}__{args.seed}__{stamp}"
-    out = Path(args.out or Path("results") / run_name)
-    if suite.name in ("rollout", "loop"):
-        out.mkdir(parents=True, exist_ok=True)
-        if suite.name == "rollout":
-            result = _run_rollout_suite(args, out)
-        else:
-            from benchmarks.loop_bench import run_loop_suite
+    out = Path(args.out) if args.out else _unused(Path("results") / run_name)
+    try:
+        if suite.name == "demo":
+            return _demo(args, suite, out)
+        if suite.name in ("rollout", "loop"):
+            out.mkdir(parents=True, exist_ok=True)
+            with folder_lock(out, what="--out"):
+                return _throughput(args, suite, out)
+        return _evaluate(args, suite, out, started, checkpoints, backend=backend, pm=pm,
+                         reward_overrides=reward_overrides)  # fmt: skip
+    except KeyboardInterrupt:
+        raise Interrupted(" ".join(command_line(dataclasses.replace(args, out=str(out))))) from None
 
-            result = run_loop_suite(out, model=args.model, seed=args.seed)
-        write_text_atomic(
-            out / "command.txt", " ".join(command_line(dataclasses.replace(args, out=str(out)))) + "\n"
-        )
-        if args.update_readme:
-            from benchmarks.readme import performance_block, replace_block
 
-            folders = {s: REPO_README.parent / "benchmarks" / "results" / s for s in ("rollout", "loop")}
-            replace_block(REPO_README, "performance", performance_block({**folders, suite.name: out}))
-        return result
-    if suite.name == "demo":
-        from benchmarks.demo import run_demo
+def _unused(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... when a run of the same second took it."""
+    n = 1
+    candidate = path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
 
-        return run_demo(
-            out,
-            names=args.task,
-            concurrency=_concurrency(args, suite),
-            update_readme_path=REPO_README if args.update_readme else None,
-            command=" ".join(command_line(args)),
-            demo_command=" ".join(command_line(dataclasses.replace(args, task=()))),
-            git_commit=_git_commit() or "unknown",
-            threads=args.threads,
-        )
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: carries the command that resumes it."""
+
+    def __init__(self, resume: str) -> None:
+        super().__init__(resume)
+        self.resume = resume
+
+
+def _throughput(args: RunArgs, suite: Any, out: Path) -> dict[str, Any]:
+    """The rollout and loop suites (engine and training-loop throughput)."""
+    if suite.name == "rollout":
+        result = _run_rollout_suite(args, out)
+    else:
+        from benchmarks.loop_bench import run_loop_suite
+
+        result = run_loop_suite(out, model=args.model, seed=args.seed)
+    write_text_atomic(
+        out / "command.txt", " ".join(command_line(dataclasses.replace(args, out=str(out)))) + "\n"
+    )
+    if args.update_readme:
+        from benchmarks.readme import performance_block, replace_block
+
+        folders = {s: REPO_README.parent / "benchmarks" / "results" / s for s in ("rollout", "loop")}
+        replace_block(REPO_README, "performance", performance_block({**folders, suite.name: out}))
+    return result
+
+
+def _demo(args: RunArgs, suite: Any, out: Path) -> dict[str, Any]:
+    """The demo suite (:mod:`benchmarks.demo`: trains, then evaluates; resumable)."""
+    from benchmarks.demo import run_demo
+
+    return run_demo(
+        out,
+        names=args.task,
+        concurrency=_concurrency(args, suite),
+        update_readme_path=REPO_README if args.update_readme else None,
+        command=" ".join(command_line(args)),
+        demo_command=" ".join(command_line(dataclasses.replace(args, task=()))),
+        git_commit=_git_commit() or "unknown",
+        threads=args.threads,
+    )
+
+
+def _evaluate(
+    args: RunArgs,
+    suite: Any,
+    out: Path,
+    started: float,
+    checkpoints: dict[str, str],
+    *,
+    backend: str,
+    pm: Any,
+    reward_overrides: dict[str, Any],
+) -> dict[str, Any]:
+    """The evaluation suites (main, smoke, paper, scaling): open the tasks, then play and report."""
     settings = PlaySettings(
         max_turns=args.max_turns or suite.max_turns,
         max_new_tokens=args.max_new_tokens or suite.max_new_tokens,
@@ -232,12 +285,6 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
         seed=args.seed,
         stop_at_speaker_tags=suite.stop_at_speaker_tags,
     )
-    checkpoints = _checkpoints(args.checkpoint)
-    if not checkpoints and args.model == "embedded":  # the adapters' base model
-        checkpoints = _suite_adapters(suite)
-    methods = build_methods(args.methods or suite.methods, checkpoints, settings, scaling=suite.scaling)
-    backend = args.backend or suite.backend
-    check_backend_flags(args.model, backend, base_urls=args.base_url)
     explicit = bool(args.task)
     task_names = tuple((t,) for t in args.task) if explicit else suite.tasks
     entries = [
@@ -253,8 +300,31 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
         )
         for names in task_names
     ]
+    if not checkpoints and args.model == "embedded":  # the adapters' base model
+        checkpoints = _suite_adapters(suite, [e.task for e in entries])
+    methods = build_methods(args.methods or suite.methods, checkpoints, settings, scaling=suite.scaling)
 
     out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, what="--out"):
+        return _play_and_report(args, suite, out, started, settings, checkpoints, methods, entries,
+                                backend=backend, reward_overrides=reward_overrides)  # fmt: skip
+
+
+def _play_and_report(
+    args: RunArgs,
+    suite: Any,
+    out: Path,
+    started: float,
+    settings: PlaySettings,
+    checkpoints: dict[str, str],
+    methods: list[Any],
+    entries: list[Any],
+    *,
+    backend: str,
+    reward_overrides: dict[str, Any],
+) -> dict[str, Any]:
+    """Play what ``--out`` does not hold yet and write the outputs (under the folder's lock).
+    Ten parameters: the run's pieces as :func:`run` resolved them, passed on unchanged."""
     data_dir = os.environ.get("OPTIMA_DATA_DIR")
     identity = {
         "model": args.model,
@@ -321,6 +391,12 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(f"interrupted; finished episodes are kept: rerun {exc.resume} to resume", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("interrupted before the run started; nothing was written", file=sys.stderr)
+        return 130
     return 0
 
 

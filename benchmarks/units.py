@@ -19,7 +19,7 @@ from benchmarks.store import EpisodeStore
 from benchmarks.suites import Suite
 from optima_env import RewardConfig, make_task, resolve_task_id
 from optima_env.configtree import apply
-from optima_env.errors import DataError, MissingDependencyError, UnknownTaskError
+from optima_env.errors import DataMissingError, MissingDependencyError, UnknownTaskError
 from optima_env.policy import ChatPolicy
 from optima_env.registry import task_specs
 from optima_env.rollout import RolloutJob, make_jobs, rollout
@@ -93,11 +93,11 @@ def open_task(
         entry.family = task.family
         samples = task.samples(split)
         if len(samples) == 0:
-            raise DataError(f"split {split!r} of {task_id} has no instances")
+            raise DataMissingError(f"split {split!r} of {task_id} has no instances")
         entry.instances = suite.num_instances(family=task.family, available=len(samples), override=episodes)
         samples[entry.instances - 1]  # lazy loaders fail here, not halfway through a rollout
         entry.obj = task
-    except (DataError, MissingDependencyError) as exc:
+    except (DataMissingError, MissingDependencyError) as exc:  # a malformed file stops the run
         entry.miss(exc)
     return entry
 
@@ -188,7 +188,7 @@ def play_methods(
                         method, entry, jobs, policy, tokenizer, store=store, settings=settings,
                         split=split, concurrency=concurrency, model=model,
                     )  # fmt: skip
-                except DataError as exc:
+                except DataMissingError as exc:  # a malformed row stops the run
                     entry.miss(exc)
         close = getattr(policy, "close", None)
         if callable(close):

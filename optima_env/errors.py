@@ -11,8 +11,9 @@ builtin it refines, so that a generic ``except LookupError`` or ``except ValueEr
     │   └── ConfigError                         a configuration key or value that is not valid
     ├── EnvNotResetError        (RuntimeError)  an env used before its first ``reset()``
     ├── DataError               (ValueError)    a dataset file or row that is malformed or missing
-    ├── EmptySelectionError     (ValueError)    training-data selection kept nothing: the run stops
+    │   ├── DataMissingError                    a dataset that is not there at all (no file, no hub)
     │   └── CorruptCheckpointError              checkpoint files that no longer match their manifest
+    ├── EmptySelectionError     (ValueError)    training-data selection kept nothing: the run stops
     ├── ScoringError            (ValueError)    a scorer fed input it cannot score
     ├── BackendError            (RuntimeError)  a generation backend failed (after its retries)
     │   └── RolloutError                        the policy failed in ``rollout``; keeps finished episodes
@@ -36,6 +37,7 @@ __all__ = [
     "ConfigError",
     "CorruptCheckpointError",
     "DataError",
+    "DataMissingError",
     "EmptySelectionError",
     "EnvNotResetError",
     "EpisodeOverError",
@@ -84,6 +86,12 @@ class DataError(OptimaError, ValueError):
 
 class CorruptCheckpointError(DataError):
     """Raised when a checkpoint's files no longer match the manifest in its ``COMPLETE`` marker."""
+
+
+class DataMissingError(DataError):
+    """Raised when a dataset (or split) is not there at all: no local file and no hub copy. A
+    benchmark run reports such a task as ``data missing`` and goes on; a malformed file is a plain
+    :class:`DataError` (naming file, line and field) and stops the run."""
 
 
 class EmptySelectionError(OptimaError, ValueError):

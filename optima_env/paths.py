@@ -84,7 +84,9 @@ def check_output_folder(flag: str, value: str | os.PathLike[str]) -> Path:
     be created there (the nearest existing parent is a file or not writable)."""
     path = Path(value).expanduser()
     if path.exists() and not path.is_dir():
-        raise TaskContractError(f"{flag} {str(value)!r} is a file; expected a folder to write into; pass another path")
+        raise TaskContractError(
+            f"{flag} {str(value)!r} is a file; expected a folder to write into; pass another path"
+        )
     parent = path if path.exists() else path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent

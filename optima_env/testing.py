@@ -34,8 +34,8 @@ import io
 import json
 import logging
 import math
-import warnings
 import random
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any

@@ -67,7 +67,7 @@ def test_a_task_that_hides_its_evidence_fails_the_checks_and_the_baselines(tmp_p
     code = readme_plugin_code().replace(", private=(clue,)", "")
     assert "private=" not in code  # the README example before the evidence was declared
     pm = install(code, tmp_path, "optima_task_readme_hidden")
-    with pytest.raises(TaskContractError, match="fails check 'evidence'.*declares no evidence"):
+    with pytest.raises(TaskContractError, match=r"fails check 'evidence'.*declares no evidence"):
         check_task("riddles/mira-v0", pm=pm)
     task = make_task("riddles/mira-v0", pm=pm)
     for method in build_methods(["cot", "mad"], {}, PlaySettings(max_turns=4, max_new_tokens=16)):

@@ -90,7 +90,8 @@ def test_ctrl_c_says_how_to_resume(tmp_path, tiny) -> None:
     assert proc.wait(timeout=120) == 130
     assert "Traceback" not in rest
     last = rest.strip().splitlines()[-1]
-    assert last == f"interrupted; continue with: python -m optima_trainers.train --resume --run-dir {tmp_path / 'run'}"
+    resume = f"python -m optima_trainers.train --resume --run-dir {tmp_path / 'run'}"
+    assert last == f"interrupted; continue with: {resume}"
 
 
 def test_default_run_names_never_collide(tmp_path) -> None:

@@ -36,7 +36,7 @@ from optima_env.datasets.sources import (
     get_spec,
     parse_hub_name,
 )
-from optima_env.errors import DataError, require
+from optima_env.errors import DataError, DataMissingError, require
 from optima_env.types import TaskSample
 
 __all__ = [
@@ -331,7 +331,7 @@ def _hub_rows(spec: DatasetSpec, split: str, hub: HubSource, parts: list[tuple[A
 
 def _unavailable(
     spec: DatasetSpec, split_spec: SplitSpec, hub: HubSource | None, local_reason: str, hub_reason: str
-) -> DataError:
+) -> DataMissingError:
     local_fix = (
         f"set --data-dir / {DATA_DIR_ENV} to a folder with {spec.name}/{choice_name(split_spec.files[0])}"
     )
@@ -342,4 +342,6 @@ def _unavailable(
             f"{local_fix}, or install `optima[train]` and allow network access to load "
             f"{hub.describe()} from the Hugging Face hub"
         )
-    return DataError(f"cannot load {spec.name}: local data: {local_reason}; hub: {hub_reason}. To fix: {fix}")
+    return DataMissingError(
+        f"cannot load {spec.name}: local data: {local_reason}; hub: {hub_reason}. To fix: {fix}"
+    )

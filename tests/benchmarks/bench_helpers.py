@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from optima_env import DataError, TaskSample, TaskSpec, hookimpl
+from optima_env import TaskSample, TaskSpec, hookimpl
+from optima_env.errors import DataMissingError
 from tests.helpers import TinyTask
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -16,7 +17,7 @@ class NoDataTask(TinyTask):
     """A task whose data is not there: ``samples`` raises :class:`DataError`."""
 
     def samples(self, split: str) -> Sequence[TaskSample]:
-        raise DataError(MISSING_REASON)
+        raise DataMissingError(MISSING_REASON)
 
 
 class NoDataPlugin:

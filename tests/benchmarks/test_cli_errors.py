@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from benchmarks.run import main
-from optima_env import TaskSpec, hookimpl
+from optima_env import AgentView, TaskSpec, hookimpl
 from optima_env.io import read_episodes
 from tests.helpers import REPO_ROOT, TinyTask
 
@@ -105,6 +105,14 @@ class ExactMatchTask(TinyTask):
     """The tiny task scored by exact match (it declares its metric)."""
 
     metric = "exact match"
+
+    def views(self, sample, *, rng, format_index=None):
+        clue = f"The answer to {sample.id} is in the atlas."  # the evidence it declares
+        return {
+            a: AgentView(agent=a, system_prompt=f"{v.system_prompt} {clue}",
+                         base_system_prompt=f"{v.system_prompt} {clue}", private=(clue,))
+            for a, v in super().views(sample, rng=rng, format_index=format_index).items()
+        }  # fmt: skip
 
     def score(self, answer, sample) -> float:
         return float(answer is not None and answer.strip() in sample.answers)

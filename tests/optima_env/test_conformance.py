@@ -133,8 +133,10 @@ class FormatTask(TinyTask):
                 base = prompt
             if self.bug == "no_block":
                 prompt = base
-            private = {"hidden_evidence": (), "evidence_not_in_prompt": ("another clue",)}.get(self.bug, (fact,))
-            views[agent] = AgentView(agent=agent, system_prompt=prompt, base_system_prompt=base, private=private)
+            private = {"hidden_evidence": (), "evidence_not_in_prompt": ("other",)}.get(self.bug, (fact,))
+            views[agent] = AgentView(
+                agent=agent, system_prompt=prompt, base_system_prompt=base, private=private
+            )
         return views
 
     def extract_answer(self, text: str) -> str | None:

@@ -1,0 +1,95 @@
+"""``python -m benchmarks.run`` on a new user's mistakes (issue 32), through the real CLI in
+subprocesses: one ``error:`` line, exit 2, no traceback, no ``--out`` folder left; a malformed data
+file is a data error naming file, line and field (not "data missing"); one writer per ``--out``;
+the main suite's demo adapters play only on the task they were trained on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.demo_tasks import MAIN_TASK
+from benchmarks.run import _suite_adapters
+from benchmarks.suites import get_suite
+from tests.helpers import REPO_ROOT
+
+
+def bench(*argv: str, cwd=REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", *argv],
+        cwd=cwd, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and proc.stderr.rstrip().endswith(lines[0]), proc.stderr[-2000:]
+    return lines[0]
+
+
+def test_each_mistake_is_one_line_and_leaves_no_folder(tmp_path) -> None:
+    (tmp_path / "notamodel").mkdir()
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    out = tmp_path / "out"
+    cases = [
+        (["--episodes", "0"], "--episodes must be at least 1 (instances per task), got 0"),
+        (["--episodes", "-3"], "--episodes must be at least 1 (instances per task), got -3"),
+        (["--model", str(tmp_path / "notamodel")], "is a folder but not a model"),
+        (["--model", str(tmp_path / "missing")], "does not exist"),
+        (["--model", f"Alice=embedded,Bob={tmp_path / 'missing'}"], "--model (agent Bob)"),
+        (["--checkpoint", f"mine={tmp_path / 'missing'}"], "--checkpoint mine=PATH:"),
+        (["--data-dir", str(tmp_path / "missing")], "--data-dir"),
+    ]
+    for argv, message in cases:
+        assert message in one_error_line(bench(*argv, "--methods", "cot", "--out", str(out))), argv
+        assert not out.exists(), argv
+    assert "--out" in one_error_line(bench("--model", "scripted", "--out", str(tmp_path / "afile")))
+
+
+def test_a_malformed_data_file_is_a_data_error_not_missing_data(tmp_path) -> None:
+    (tmp_path / "hotpotqa").mkdir()
+    (tmp_path / "hotpotqa" / "dev.jsonl").write_text('{"id": "x", "question": 5, "answer": "a"}\n')
+    line = one_error_line(
+        bench("--task", "hotpotqa", "--data-dir", str(tmp_path), "--model", "scripted", "--episodes", "1",
+              "--methods", "cot", "--out", str(tmp_path / "out"))
+    )  # fmt: skip
+    assert (
+        line
+        == f"error: {tmp_path / 'hotpotqa' / 'dev.jsonl'}, line 1: field 'question': expected str, got int"
+    )
+
+
+def test_one_writer_per_out_folder(tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys,time; from optima_env.paths import folder_lock\n"
+         "with folder_lock(sys.argv[1], what='--out'):\n print('held', flush=True); time.sleep(60)",
+         str(out)],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        line = one_error_line(
+            bench("--model", "scripted", "--methods", "cot", "--episodes", "1", "--out", str(out))
+        )
+        assert f"--out {out} is in use by another process (pid {holder.pid})" in line
+        assert not (out / "episodes.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("tasks, played", [([MAIN_TASK.task], True), (["test/tiny-v0"], False)])
+def test_main_suite_adapters_play_only_on_their_task(tasks, played, monkeypatch) -> None:
+    suite = get_suite("main")
+    monkeypatch.setattr("benchmarks.run.is_adapter", lambda folder: True)  # as if the demo had run
+    adapters = _suite_adapters(suite, tasks)
+    assert (sorted(adapters) == sorted(label for label, _ in suite.adapters)) is played
+    assert bool(adapters) is played
