@@ -7,6 +7,9 @@ alike: a lazy import still couples two modules), so a cycle fails here however i
 from __future__ import annotations
 
 import ast
+import builtins
+import importlib
+import re
 from pathlib import Path
 
 from tests.helpers import REPO_ROOT
@@ -112,3 +115,141 @@ def test_one_jsonl_reader_and_one_policy_loader() -> None:
         if name != "optima_env.readability" and "def max_turn_loss" in source:
             offenders.append(f"{name}: defines max_turn_loss")
     assert not offenders, offenders
+
+
+# --- one exception tree ------------------------------------------------------------------------
+
+_BUILTIN_ERRORS = {
+    name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, Exception)
+}
+
+
+def _exception_classes(sources: dict[str, str]) -> set[tuple[str, str]]:
+    """``(module, class)`` of every class in ``sources`` that derives, by the names of its bases
+    (``errors.DataError`` counts as ``DataError``), from a builtin exception or from such a class."""
+    classes = []
+    for name, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(b).rpartition(".")[2] for b in node.bases}
+                classes.append((name, node.name, bases))
+    known, found = set(_BUILTIN_ERRORS), set()
+    while True:
+        new = {(m, c) for m, c, bases in classes if bases & known} - found
+        if not new:
+            return found
+        found |= new
+        known |= {c for _, c in new}
+
+
+def _drawn_tree() -> dict[str, tuple[str | None, str | None]]:
+    """Each class drawn in ``errors.py``'s docstring: ``(drawn parent, builtin in parentheses)``."""
+    from optima_env import errors
+
+    drawn: dict[str, tuple[str | None, str | None]] = {}
+    parents: list[str] = []
+    for line in errors.__doc__.splitlines():
+        match = re.match(r"^(\s*)((?:[│ ]   )*)(?:[├└]── )?(\w+Error)\b(?:\s+\((\w+)\))?", line)
+        if not match or ("──" not in line and match.group(3) != "OptimaError"):
+            continue
+        depth = len(match.group(2)) // 4 + ("──" in line)
+        del parents[depth:]
+        drawn[match.group(3)] = (parents[-1] if parents else None, match.group(4))
+        parents.append(match.group(3))
+    return drawn
+
+
+def test_the_exception_finder_and_the_tree_reader_see_what_they_look_for() -> None:
+    code = "class A(ValueError): ...\nclass B(errors.A): ...\nclass C: ...\nclass D(B, C): ...\n"
+    assert _exception_classes({"m": code}) == {("m", "A"), ("m", "B"), ("m", "D")}
+    drawn = _drawn_tree()
+    assert drawn["OptimaError"] == (None, None)
+    assert drawn["TaskContractError"] == ("OptimaError", "ValueError")
+    assert drawn["EpisodeOverError"] == ("TaskContractError", None)
+
+
+def test_every_exception_class_derives_from_optima_error_lives_in_errors_and_is_drawn() -> None:
+    """Every exception of the three packages is an ``OptimaError`` (and keeps its builtin base),
+    defined in ``optima_env.errors`` and drawn in its docstring under its real parent. Classes that
+    derive from ``BaseException`` alone (a worker's timeout signal, a ``KeyboardInterrupt``
+    refinement) are control flow, not errors a caller handles, and are left out."""
+    from optima_env import errors
+
+    sources = {name: path.read_text(encoding="utf-8") for name, path in _modules().items()}
+    drawn = _drawn_tree()
+    offenders = []
+    for module, name in sorted(_exception_classes(sources)):
+        cls = getattr(importlib.import_module(module), name)
+        if not issubclass(cls, Exception):
+            continue
+        where = f"{module}.{name}"
+        if not issubclass(cls, errors.OptimaError) and cls is not errors.OptimaError:
+            offenders.append(f"{where}: derive it from optima_env.errors.OptimaError (and its builtin)")
+        if getattr(errors, name, None) is not cls:
+            offenders.append(f"{where}: define it in optima_env/errors.py and import it from there")
+        if name not in drawn:
+            offenders.append(f"{where}: draw it in the tree of optima_env/errors.py's docstring")
+            continue
+        parent, builtin = drawn[name]
+        bases = [b.__name__ for b in cls.__bases__]
+        expected = [b for b in (parent, builtin) if b] or ["Exception"]
+        if bases != expected:
+            offenders.append(f"{where}: drawn as {expected}, defined with bases {bases}")
+    assert not offenders, "\n".join(offenders)
+    assert set(drawn) <= set(errors.__all__), f"drawn but not defined: {set(drawn) - set(errors.__all__)}"
+
+
+# --- no private env module outside the env ------------------------------------------------------
+
+# Clients of optima_env: the other packages, the plugins, the examples and the tests, except the
+# env's own white-box tests (tests/optima_env/, which may test a private module directly).
+_CLIENT_ROOTS = ("optima_trainers", "benchmarks", "plugins", "examples", "tests")
+_EXEMPT = ("tests/optima_env/",)
+
+
+def _private_env_imports(source: str) -> list[str]:
+    """Every ``optima_env`` module or name imported by ``source`` with a dotted component that starts
+    with ``_`` (``optima_env._x``, ``from optima_env.a import _x``, ``import_module("optima_env._x")``)."""
+    targets = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            targets += [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                targets.append(first.value)
+    return [
+        t
+        for t in targets
+        if t.split(".")[0] == "optima_env" and any(p.startswith("_") for p in t.split(".")[1:])
+    ]
+
+
+def test_the_private_import_finder_sees_each_form() -> None:
+    code = (
+        "import optima_env.backends._kv\nfrom optima_env import _termination, io\n"
+        "from optima_env.reward import _weights, RewardConfig\nfrom optima_env.rules import checked_score\n"
+        "importlib.import_module('optima_env._env_checks')\nfrom . import _local\n"
+    )
+    assert _private_env_imports(code) == [
+        "optima_env.backends._kv",
+        "optima_env._termination",
+        "optima_env.reward._weights",
+        "optima_env._env_checks",
+    ]
+
+
+def test_no_private_env_module_is_imported_from_outside_the_env() -> None:
+    offenders = []
+    for root in _CLIENT_ROOTS:
+        for path in sorted((REPO_ROOT / root).rglob("*.py")):
+            relative = path.relative_to(REPO_ROOT).as_posix()
+            if relative.startswith(_EXEMPT):
+                continue
+            offenders += [f"{relative}: {t}" for t in _private_env_imports(path.read_text(encoding="utf-8"))]
+    assert not offenders, (
+        "private optima_env modules or names used outside the env (make what they need public, as "
+        f"optima_env.rules is): {offenders}"
+    )
