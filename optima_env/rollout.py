@@ -93,7 +93,7 @@ def run_episode(
     env.reset(seed=seed, options=options)
     while env.episode is None:
         request = _request(env, (seed, len(env.turns)))
-        (reply,) = policy.generate([request], sampling)
+        (reply,) = _checked_replies(policy, policy.generate([request], sampling), 1, {}, [0], ())
         env.step(reply)
     return env.episode
 
@@ -228,13 +228,32 @@ def _generate(
             pending=pending,
             jobs=jobs,
         ) from exc
-    if not isinstance(replies, list) or len(replies) != len(requests):
-        got = len(replies) if isinstance(replies, list) else type(replies).__name__
-        raise RolloutError(
-            f"the policy must return a list of {len(requests)} replies (one per request), got {got}; "
-            f"{len(finished)} finished episodes are kept in .finished",
-            finished=finished,
-            pending=pending,
-            jobs=jobs,
-        )
-    return replies
+    return _checked_replies(policy, replies, len(requests), finished, pending, jobs)
+
+
+def _checked_replies(
+    policy: ChatPolicy,
+    replies: object,
+    wanted: int,
+    finished: Mapping[int, Episode],
+    pending: Sequence[int],
+    jobs: Sequence[RolloutJob],
+) -> list[str]:
+    """``replies`` checked to be a list of ``wanted`` strings; otherwise :class:`RolloutError`
+    (keeping ``finished``) naming what the policy returned instead."""
+    if not isinstance(replies, list) or len(replies) != wanted:
+        got = f"{len(replies)} replies" if isinstance(replies, list) else repr(replies)[:80]
+        problem = f"must return a list of {wanted} replies (one per request), got {got}"
+    else:
+        bad = next(((i, r) for i, r in enumerate(replies) if not isinstance(r, str)), None)
+        if bad is None:
+            return replies
+        index, reply = bad
+        problem = f"returned {type(reply).__name__} {reply!r:.60} as reply {index}; every reply must be a str"
+    raise RolloutError(
+        f"the policy {type(policy).__name__}.generate {problem}; {len(finished)} finished episodes are "
+        "kept in .finished; fix the policy to return one str per request",
+        finished=finished,
+        pending=pending,
+        jobs=jobs,
+    )

@@ -117,3 +117,20 @@ def test_reply_helpers() -> None:
         SamplingParams(stop=["Bob:"])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="stop must be a tuple"):
         SamplingParams(stop=("",))
+
+
+@pytest.mark.parametrize("bad", [None, 5, b"bytes"])
+def test_a_policy_returning_a_non_string_reply_is_a_rollout_error(bad) -> None:
+    """Issue 32: ``None`` or a non-string reply is the documented RolloutError, naming what came back."""
+
+    class Broken(ScriptedPolicy):
+        def generate(self, requests, sampling):
+            return [bad for _ in requests]
+
+    task = make_task("ie/synth-v0")
+    with pytest.raises(
+        RolloutError, match=f"returned {type(bad).__name__} .* as reply 0; every reply must be a str"
+    ):
+        rollout(task, Broken(lambda r: "x"), jobs=make_jobs(range(2), 1, seed=0))
+    with pytest.raises(RolloutError, match="every reply must be a str"):
+        run_episode(ConversationEnv(task), Broken(lambda r: "x"), seed=0)
