@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import difflib
 import importlib
 import re
 from pathlib import Path
@@ -253,3 +254,109 @@ def test_no_private_env_module_is_imported_from_outside_the_env() -> None:
         "private optima_env modules or names used outside the env (make what they need public, as "
         f"optima_env.rules is): {offenders}"
     )
+
+
+# --- one declaration per setting ----------------------------------------------------------------
+
+_CONFIG_SUFFIXES = ("Config", "Options", "Settings")
+_SAME_DOC = 0.85  # docstrings at least this similar (difflib ratio) state the same setting
+
+
+def _dataclass_fields(sources: dict[str, str]) -> dict[tuple[str, str], dict[str, str]]:
+    """``{(module, class): {field: its docstring, whitespace collapsed}}`` of every dataclass."""
+    out = {}
+    for module, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            decorators = [ast.unparse(d) for d in getattr(node, "decorator_list", [])]
+            if not isinstance(node, ast.ClassDef) or not any("dataclass" in d for d in decorators):
+                continue
+            fields = {}
+            for i, stmt in enumerate(node.body):
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    after = node.body[i + 1] if i + 1 < len(node.body) else None
+                    doc = (
+                        after.value.value
+                        if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                        else ""
+                    )
+                    fields[stmt.target.id] = " ".join(str(doc).split())
+            out[(module, node.name)] = fields
+    return out
+
+
+def _configuration_tree() -> set[tuple[str, str]]:
+    """``(module, class)`` of every section of the run's configuration: ``TrainConfig`` and the
+    dataclasses its fields hold (recursively), and each registered trainer's options class."""
+    import dataclasses
+    import typing
+
+    from optima_env.registry import get_plugin_manager
+    from optima_trainers.config import TrainConfig
+
+    roots = [TrainConfig]
+    for specs in get_plugin_manager().hook.optima_register_trainers():
+        roots += [spec.config_class for spec in specs if spec.config_class is not None]
+    seen: set[type] = set()
+    while roots:
+        cls = roots.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        for hint in typing.get_type_hints(cls).values():
+            roots += [t for t in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(t)]
+    return {(cls.__module__, cls.__name__) for cls in seen}
+
+
+def _settings_declared_twice(
+    fields: dict[tuple[str, str], dict[str, str]], tree: set[tuple[str, str]]
+) -> list[str]:
+    """Each field of a configuration dataclass outside the configuration tree that re-declares a
+    setting of the tree: the same field name, or (a renamed copy) a near-identical docstring.
+
+    Two sections of the tree (``sft.epochs``, ``dpo.epochs``) are two settings a run sets apart,
+    not one declared twice; a class outside the tree that mirrors a tree field is a second home
+    whose defaults and checks drift from the first.
+    """
+    leaves = [(cls, name, doc) for cls in sorted(tree & set(fields)) for name, doc in fields[cls].items()]
+    found = []
+    for cls in sorted(set(fields) - tree):
+        if not cls[1].endswith(_CONFIG_SUFFIXES):
+            continue
+        for name, doc in fields[cls].items():
+            for home, other, other_doc in leaves:
+                similar = (
+                    doc and other_doc and difflib.SequenceMatcher(None, doc, other_doc).ratio() >= _SAME_DOC
+                )
+                if name == other or similar:
+                    found.append(f"{cls[1]}.{name} ({cls[0]}) re-declares {home[1]}.{other} ({home[0]})")
+    return found
+
+
+def test_the_duplicate_finder_sees_a_renamed_copy() -> None:
+    tree_source = (
+        "@dataclass\nclass TreeConfig:\n    rollouts: int = 3\n"
+        '    """Conversations played from each selected node."""\n'
+    )
+    copy_source = (
+        "@dataclass(frozen=True)\nclass MirrorConfig:\n    rollouts_per_node: int = 2\n"
+        '    """Conversations played from each selected node"""\n    unrelated: int = 1\n    """Other."""\n'
+    )
+    fields = _dataclass_fields({"a": tree_source, "b": copy_source})
+    assert fields[("b", "MirrorConfig")]["unrelated"] == "Other."
+    assert _settings_declared_twice(fields, {("a", "TreeConfig")}) == [
+        "MirrorConfig.rollouts_per_node (b) re-declares TreeConfig.rollouts (a)"
+    ]
+    assert _settings_declared_twice(fields, {("a", "TreeConfig"), ("b", "MirrorConfig")}) == []
+
+
+def test_no_configuration_setting_is_declared_twice() -> None:
+    """A setting of the run (a leaf of ``TrainConfig``'s tree or of a trainer's options) has one
+    declaration: no other configuration dataclass of optima_env / optima_trainers copies it."""
+    modules = {n: p for n, p in _modules().items() if n.split(".")[0] in ("optima_env", "optima_trainers")}
+    fields = _dataclass_fields({n: p.read_text(encoding="utf-8") for n, p in modules.items()})
+    tree = _configuration_tree()
+    assert ("optima_trainers.config", "TrainConfig") in tree
+    unread = {c for c in tree - set(fields) if c[0].startswith(("optima_env.", "optima_trainers."))}
+    assert not unread, f"sections of the configuration whose source was not read: {unread}"
+    duplicates = _settings_declared_twice(fields, tree)
+    assert not duplicates, "\n".join(duplicates)
