@@ -61,7 +61,7 @@ from benchmarks.demo_train import (
     train_run,
 )
 from benchmarks.methods import Method, PlaySettings, build_methods
-from benchmarks.outputs import collect_results, write_outputs, written_results
+from benchmarks.outputs import collect_results, write_outputs, write_viewer, written_results
 from benchmarks.store import EpisodeStore
 from benchmarks.suites import get_suite
 from benchmarks.units import TaskEntry, open_task, pending_jobs, play_methods
@@ -214,6 +214,7 @@ def _play(
     results = collect_results([entry], methods, store)
     kept = written_results(folder, results) if len(store) == resumed else None
     if kept is not None:  # a rerun with nothing to play keeps the outputs of the run that played
+        write_viewer(folder, kept, store, viewer_limit=10)  # the page is not committed: written again
         return kept
     results.update(
         provenance,

@@ -22,7 +22,7 @@ from benchmarks.viewer import render_viewer
 from optima_env.io import read_json_object, write_json_atomic, write_text_atomic
 from optima_env.task import metric_name
 
-__all__ = ["collect_results", "write_outputs", "written_results"]
+__all__ = ["collect_results", "write_outputs", "write_viewer", "written_results"]
 
 SCORE_PLOT = "score_vs_tokens.png"
 SCALING_PLOT = "scaling.png"
@@ -143,6 +143,15 @@ def write_outputs(
         "viewer": VIEWER,
         "plots": plots,
     }
+    write_viewer(out, results, store, viewer_limit=viewer_limit)
+    write_json_atomic(out / "results.json", results)
+    write_text_atomic(out / "report.md", render_report(results, plots=plots, viewer=VIEWER))
+    return long_table(results["rows"])
+
+
+def write_viewer(out: Path, results: dict[str, Any], store: EpisodeStore, *, viewer_limit: int) -> None:
+    """Write ``viewer.html``: the first ``viewer_limit`` instances' conversations of every played row
+    (a generated page, never committed: every run writes it again)."""
     sections = []
     for row in results["rows"]:
         if row["status"] != "ok":
@@ -152,14 +161,12 @@ def write_outputs(
         groups = store.select(row["method_key"], row["task"], shown, samples)
         sections.append((row, [e for g in groups for e in g]))
     write_text_atomic(out / VIEWER, render_viewer(results["run_name"], sections))
-    write_json_atomic(out / "results.json", results)
-    write_text_atomic(out / "report.md", render_report(results, plots=plots, viewer=VIEWER))
-    return long_table(results["rows"])
 
 
 def written_results(out: Path, results: dict[str, Any]) -> dict[str, Any] | None:
     """The results ``write_outputs`` wrote into ``out`` when they hold ``results``'s rows, tasks,
-    methods and curves and every file they name is there, else None (then write them again).
+    methods and curves and every file they name is there (``viewer.html`` aside: a generated page,
+    not committed, that the caller writes again), else None (then write them again).
 
     A resumed run with nothing left to play keeps them as they are, with the provenance (commit,
     start, wall time, episodes generated) of the invocation that played them.
@@ -169,7 +176,7 @@ def written_results(out: Path, results: dict[str, Any]) -> dict[str, Any] | None
         return None
     written = read_json_object(path)
     files = written.get("files") or {}
-    names = [files.get("report"), files.get("viewer"), *files.get("plots", [])]
+    names = [files.get("report"), *files.get("plots", [])]
     if not all(isinstance(n, str) and (out / n).is_file() for n in names):
         return None
     keys = ("rows", "tasks", "methods", "curves")

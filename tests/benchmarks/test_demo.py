@@ -256,7 +256,12 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
     assert [r["trainer"] for r in record["runs"]] == list(TRAINERS)
     assert set(record["runs"][1]["keys"]) == {"iter_01"}  # iDPO's M_0 is iSFT's row
     shutil.rmtree(out / "synth" / "train")
+    pages = sorted(out.glob("synth/*/viewer.html"))  # generated pages, not committed either
+    assert len(pages) == len(played) // 2
+    for page in pages:
+        page.unlink()
     clone = run_demo(out, tasks=[spec], progress=False)
+    assert sorted(out.glob("synth/*/viewer.html")) == pages  # written again from the episode stores
     assert not (out / "synth" / "train").exists()  # nothing trained
     assert {p: p.read_bytes() for p in frozen} == frozen
     assert {p: p.stat().st_mtime_ns for p in frozen} == mtimes

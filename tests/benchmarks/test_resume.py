@@ -91,7 +91,9 @@ def test_written_results_are_kept_only_while_they_hold_the_same_rows_and_files(b
     moved = json.loads(json.dumps(played))
     moved["rows"][0]["score"] = 1.0 - moved["rows"][0]["score"]
     assert written_results(out, moved) is None  # other rows: written again
-    (out / "viewer.html").unlink()
+    (out / "viewer.html").unlink()  # a generated page, not committed: its absence keeps the results
+    assert written_results(out, played) == json.loads((out / "results.json").read_text())
+    (out / "report.md").unlink()
     assert written_results(out, played) is None  # a file it names is gone: written again
     assert written_results(out / "nowhere", played) is None
 
