@@ -9,7 +9,8 @@ Public surface (importing this package does not import torch; training functions
 or, from a shell, ``python -m optima_trainers.train --task ie/synth-v0 --trainer isft``.
 
 Everything the README and ``examples/`` import is an attribute of this package (``__all__``); most
-load their module on first use.
+load their module on first use. Adapters to other frameworks keep their own public namespace,
+``optima_trainers.integrations.<framework>`` (e.g. ``integrations.trl`` for TRL's GRPO).
 
 Modules: :mod:`~optima_trainers.config` (the configuration tree, profiles, resolution),
 :mod:`~optima_trainers.backends` (the trainer-backend contract and the built-in backends),
@@ -42,7 +43,6 @@ __all__ = [
     "ISFTDPOBackend",
     "IterativeTrainer",
     "MCTSReward",
-    "OptimaRollout",
     "RunDir",
     "SelectionConfig",
     "Stage",
@@ -55,10 +55,8 @@ __all__ = [
     "build_trees",
     "conversation_messages",
     "estimate_token_normalizer",
-    "grpo_prompts",
     "plan_stages",
     "resolve_config",
-    "reward_functions",
     "select_isft",
     "select_top_pairs",
     "sft_stages",
@@ -68,7 +66,7 @@ __all__ = [
     "write_pairs",
 ]
 
-_LAZY = {  # loaded on first use: these modules reach the host loop, the backends and TRL's adapters
+_LAZY = {  # loaded on first use: these modules reach the host loop and the backends
     "IterativeTrainer": "optima_trainers.loop",
     "plan_stages": "optima_trainers.loop",
     "TrainerBackend": "optima_trainers.backends",
@@ -89,9 +87,6 @@ _LAZY = {  # loaded on first use: these modules reach the host loop, the backend
     "estimate_token_normalizer": "optima_trainers.mcts_reward",
     "select_top_pairs": "optima_trainers.pairs",
     "write_pairs": "optima_trainers.types",
-    "OptimaRollout": "optima_trainers.integrations.trl",
-    "grpo_prompts": "optima_trainers.integrations.trl",
-    "reward_functions": "optima_trainers.integrations.trl",
 }
 
 
