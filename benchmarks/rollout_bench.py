@@ -55,7 +55,9 @@ from typing import Any
 
 from benchmarks.rollout_phases import PHASES, run_phase
 from benchmarks.rollout_report import plot, summarize
+from optima_env.errors import OptimaError, RunConfigError
 from optima_env.io import write_json_atomic, write_text_atomic
+from optima_env.paths import check_model_flag, check_output_folder, folder_lock
 
 __all__ = ["PHASES", "SuiteConfig", "run_rollout_suite"]
 
@@ -209,7 +211,21 @@ def _field_docs() -> dict[str, str]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 ok, 2 on a bad flag or an expected error, with one
+    line on stderr; 130 when interrupted)."""
+    try:
+        _main(argv)
+    except OptimaError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; saved phases are reused: rerun the same command to go on", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.rollout_bench",
         description=__doc__,
@@ -231,9 +247,26 @@ def main(argv: list[str] | None = None) -> None:
     if ns.phase:
         _run_phase(ns.phase, cfg, Path(ns.out) / f"phase_{ns.phase}.json")
         return
-    fields = dataclasses.asdict(cfg)
-    run_rollout_suite(out_dir=ns.out, phases=tuple(ns.phases), **fields)
+    check_model_flag("--model", cfg.model)
+    out = check_output_folder("--out", ns.out)
+    for name in (
+        "episodes",
+        "samples",
+        "naive_episodes",
+        "concurrency",
+        "max_turns",
+        "max_new_tokens",
+        "threads",
+    ):
+        if getattr(cfg, name) < 1:
+            flag = "--" + name.replace("_", "-")
+            raise RunConfigError(
+                f"{flag} must be at least 1, got {getattr(cfg, name)}; pass {flag} 1 or more"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, what="--out"):
+        run_rollout_suite(out_dir=out, phases=tuple(ns.phases), **dataclasses.asdict(cfg))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -45,9 +45,8 @@ def check_model_flag(flag: str, value: str, *, names: tuple[str, ...] = ("embedd
     """
     if value in names:
         return
-    accepted = f"a model folder (with {' or '.join(MODEL_MARKERS)}), a Hugging Face name or " + " or ".join(
-        repr(n) for n in names
-    )
+    choices = [f"a model folder (with {' or '.join(MODEL_MARKERS)})", "a Hugging Face name"]
+    accepted = ", ".join(choices + [repr(n) for n in names])
     path = Path(value).expanduser()
     if path.is_dir():
         if not any((path / marker).is_file() for marker in MODEL_MARKERS):
@@ -63,7 +62,8 @@ def check_model_flag(flag: str, value: str, *, names: tuple[str, ...] = ("embedd
     if _offline() and not _in_hub_cache(value):
         raise TaskContractError(
             f"{flag} {value!r} is neither a local folder nor a model in the Hugging Face cache, and the "
-            f"hub is offline (HF_HUB_OFFLINE=1); expected {accepted}; pass a local folder or 'embedded'"
+            f"hub is offline (HF_HUB_OFFLINE=1); expected {accepted}; pass a local folder"
+            + "".join(f" or {n!r}" for n in names)
         )
 
 

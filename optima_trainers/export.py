@@ -367,6 +367,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_flags(ns: argparse.Namespace) -> None:
+    """Refuse flags that cannot work before any model is loaded (one line each, exit 2)."""
+    from optima_env.paths import check_model_flag, check_output_folder
+
+    check_model_flag("--base", ns.base)
+    check_model_flag("--model", ns.model, names=())
+    check_output_folder("--out", ns.out)
+    if ns.rank < 1:
+        raise DataError(f"--rank must be at least 1 (the LoRA rank), got {ns.rank}; pass e.g. --rank 16")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 2 on a usage or data error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -378,12 +389,16 @@ def main(argv: list[str] | None = None) -> int:
         "model": ns.model,
     }
     try:
+        _check_flags(ns)
         manifest = export_lora(ns.base, ns.model, ns.out, rank=ns.rank, dtype=ns.dtype, provenance=provenance)
     except OptimaError as exc:
         if ns.debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"interrupted; nothing was written to {ns.out}: rerun the same command", file=sys.stderr)
+        return 130
     print(f"{ns.out}: {_summary(manifest)}")
     return 0
 

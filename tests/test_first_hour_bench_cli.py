@@ -93,3 +93,20 @@ def test_main_suite_adapters_play_only_on_their_task(tasks, played, monkeypatch)
     adapters = _suite_adapters(suite, tasks)
     assert (sorted(adapters) == sorted(label for label, _ in suite.adapters)) is played
     assert bool(adapters) is played
+
+
+def test_the_rollout_benchmark_cli_answers_bad_flags_in_one_line(tmp_path) -> None:
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    cases = [
+        (["--model", str(tmp_path / "missing")], "--model"),
+        (["--episodes", "0"], "--episodes must be at least 1, got 0"),
+        (["--out", str(tmp_path / "afile")], "--out"),
+    ]
+    for argv, message in cases:
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.rollout_bench", "--out", str(tmp_path / "out"), *argv],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert message in one_error_line(proc), argv
+        assert not (tmp_path / "out").exists()

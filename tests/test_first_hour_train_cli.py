@@ -117,3 +117,28 @@ def test_a_run_folder_has_one_writer(tmp_path) -> None:
         holder.wait()
     with run.lock():  # the dead holder's lock is taken over
         assert (run.root / ".lock").read_text(encoding="utf-8").strip() == str(os.getpid())
+
+
+def test_the_export_cli_answers_bad_flags_in_one_line(tmp_path, tiny) -> None:
+    (tmp_path / "notamodel").mkdir()
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    cases = [
+        (["--model", "./missing"], "--model './missing' does not exist"),
+        (["--model", "notamodel"], "--model 'notamodel' is a folder but not a model"),
+        (["--model", str(tiny), "--base", "./missing"], "--base './missing' does not exist"),
+        (["--model", str(tiny), "--rank", "0"], "--rank must be at least 1"),
+    ]
+    for argv, message in cases:
+        proc = subprocess.run(
+            [sys.executable, "-m", "optima_trainers.export", "--out", "adapter", *argv],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+            env={**env(), "PYTHONPATH": str(REPO_ROOT)},
+        )  # fmt: skip
+        assert message in one_error_line(proc), argv
+        assert not (tmp_path / "adapter").exists()
+    proc = subprocess.run(
+        [sys.executable, "-m", "optima_trainers.export", "--model", str(tiny), "--out", "afile"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**env(), "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    assert "--out 'afile' is a file" in one_error_line(proc)

@@ -158,4 +158,4 @@ def test_the_command_line_round_trip(pair, tmp_path, capsys) -> None:
     )
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: expected a model folder"), lines
+    assert len(lines) == 1 and lines[0].startswith("error: --model ") and "does not exist" in lines[0], lines
