@@ -53,11 +53,10 @@ from optima_env.errors import TaskContractError, require
 vf = require("verifiers.v1", "verifiers")
 
 from verifiers.v1.configs.cli.eval import EvalConfig  # noqa: E402 - after the check above
-from verifiers.v1.dialects.chat import message_to_wire  # noqa: E402
-from verifiers.v1.runtimes import ProgramResult  # noqa: E402
 from verifiers.v1.runtimes.subprocess import SubprocessConfig  # noqa: E402
 
 from optima_env.conversation_env import ConversationEnv  # noqa: E402
+from optima_env.integrations._verifiers_chat import PLUGIN_ID, OptimaChatHarness  # noqa: E402
 from optima_env.registry import make_task  # noqa: E402
 from optima_env.reward import IMPERSONATION_SFT_PENALTY, RewardConfig, score_group  # noqa: E402
 from optima_env.rollout import job_seed  # noqa: E402
@@ -77,50 +76,6 @@ __all__ = [
     "optima_env_config",
     "role_name",
 ]
-
-PLUGIN_ID = "optima"
-"""The verifiers taskset and harness id of this module."""
-
-
-# -- the harness: one chat completion per turn, in process ----------------------------------------
-class OptimaChatHarnessConfig(vf.HarnessConfig):
-    id: str = PLUGIN_ID
-    request_timeout: float | None = 600.0
-    """Seconds one chat completion may take (None: no limit)."""
-
-
-class OptimaChatHarness(vf.Harness[OptimaChatHarnessConfig]):
-    """A tool-less chat turn run in process: the conversation so far goes to the interception
-    endpoint as one chat completion, which verifiers records on the trace.
-
-    Written here instead of using verifiers' ``null`` harness, which runs the same loop as a
-    PEP 723 script that ``uv`` provisions from PyPI on first use (no network needed here).
-    """
-
-    APPENDS_SYSTEM_PROMPT = True
-    SUPPORTS_RESUME = True
-    EXECUTES_CODE = False
-    NEEDS_CONTAINER = False
-
-    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **_: Any) -> ProgramResult:
-        import httpx
-
-        system, prompt = self.resolve_prompt(data)
-        messages = [{"role": "system", "content": system}] if system else []
-        if isinstance(prompt, str):
-            messages.append({"role": "user", "content": prompt})
-        else:
-            messages.extend(message_to_wire(m) for m in prompt or [])
-        async with httpx.AsyncClient(timeout=httpx.Timeout(self.config.request_timeout, connect=30)) as client:
-            response = await client.post(
-                f"{endpoint}/chat/completions",
-                json={"model": ctx.model, "messages": messages},
-                headers={"Authorization": f"Bearer {secret}"},
-            )
-        if response.status_code != 200:
-            detail = f"chat completion failed with HTTP {response.status_code}: {response.text[:1000]}"
-            return ProgramResult(exit_code=1, stdout="", stderr=detail)
-        return ProgramResult(exit_code=0, stdout="", stderr="")
 
 
 # -- the taskset: one verifiers task per instance of the split ------------------------------------
@@ -267,10 +222,17 @@ class OptimaEnv(vf.Env[OptimaEnvConfig]):
         )
 
     async def run(self, task: OptimaTask, agents: Any) -> None:
-        for sample in range(self.config.samples):
-            await self._play(task, agents, sample)
+        played: list[str] = []
+        try:
+            for sample in range(self.config.samples):
+                played += await self._play(task, agents, sample)
+        except BaseException:
+            for trace_id in played:  # the episode failed: finalize will not collect them
+                self._played.pop(trace_id, None)
+            raise
 
-    async def _play(self, task: OptimaTask, agents: Any, sample: int) -> None:
+    async def _play(self, task: OptimaTask, agents: Any, sample: int) -> list[str]:
+        """One conversation of the episode's instance; returns its traces' ids."""
         env = self.conversation_env(task.data.split)
         seed = job_seed(self.config.seed, task.data.index, sample)
         await asyncio.to_thread(env.reset, seed=seed, options={"index": task.data.index})
@@ -299,8 +261,9 @@ class OptimaEnv(vf.Env[OptimaEnvConfig]):
                     )
                 await asyncio.to_thread(env.step, segment.last_reply)
                 seen[agent] = len(env.chat_messages(agent))
-            for agent, chat in chats.items():
-                self._played[chat.trace.id] = (sample, env.episode)
+        for chat in chats.values():
+            self._played[chat.trace.id] = (sample, env.episode)
+        return [chat.trace.id for chat in chats.values()]
 
     async def finalize(self, task: OptimaTask, episode: Any) -> None:
         played = {t.id: self._played.pop(t.id) for t in episode.traces if t.id in self._played}
@@ -370,7 +333,7 @@ def _tokenizer(name: str) -> Any:
 def _readability(name: str) -> Any:
     from optima_env.readability import TransformersLMLoss
 
-    return TransformersLMLoss.from_pretrained(name, device="cpu")
+    return TransformersLMLoss.from_pretrained(name)
 
 
 # -- a local evaluation ---------------------------------------------------------------------------
@@ -388,7 +351,11 @@ def local_eval_config(
 ) -> Any:
     """A verifiers ``EvalConfig`` that stays on this machine: the model at ``base_url`` (any
     OpenAI-compatible server; the key, if any, in ``$api_key_var``), no platform push, no
-    dashboard, traces under ``output_dir``. ``env`` comes from :func:`optima_env_config`."""
+    dashboard, traces under ``output_dir``. ``env`` comes from :func:`optima_env_config`.
+
+    More than 8 parameters: they are ``EvalConfig``'s own fields, keyword-only, all but the
+    endpoint, model and folder with defaults.
+    """
     if not isinstance(env, OptimaEnvConfig):
         raise TaskContractError(f"env must come from optima_env_config(...), got {type(env).__name__}")
     return EvalConfig(

@@ -120,7 +120,10 @@ def test_a_local_eval_records_the_optima_reward_of_each_conversation(vllm_server
                 task,
                 index,
                 sample,
-                {agent: [m.content for m in traces[agent.lower()].assistant_messages] for agent in task.agents},
+                {
+                    agent: [m.content for m in traces[agent.lower()].assistant_messages]
+                    for agent in task.agents
+                },
                 max_turns=4,
                 tokenizer=tokenizer,
                 readability=scorer,
