@@ -97,13 +97,15 @@ class OptimaTasksetConfig(vf.TasksetConfig):
     id: str = PLUGIN_ID
     optima_task: str = "ie/synth-v0"
     """Which registered optima task to play (``optima_env.list_tasks()``)."""
+    task_options: dict[str, Any] = {}
+    """Keyword arguments of the task's factory (``{"num_agents": 3}``)."""
     split: str = "test"
 
 
 class OptimaTaskset(vf.Taskset[OptimaTask, OptimaTasksetConfig]):
     def load(self) -> Iterable[OptimaTask]:
         task_id, split = self.config.optima_task, self.config.split
-        for index, sample in enumerate(make_task(task_id).samples(split)):
+        for index, sample in enumerate(make_task(task_id, **self.config.task_options).samples(split)):
             data = OptimaTaskData(
                 id=sample.id, name=f"{task_id}:{split}:{index}", optima_task=task_id, split=split, index=index
             )
@@ -174,11 +176,19 @@ def _config_class(agents: tuple[str, ...]) -> type[OptimaEnvConfig]:
     return pydantic.create_model(name, __base__=OptimaEnvConfig, __module__=__name__, **roles)
 
 
-def optima_env_config(optima_task: str = "ie/synth-v0", *, split: str = "test", **settings: Any) -> Any:
-    """The env config of one optima task: its agents as roles (each a local chat agent unless
-    ``settings`` give ``{"bob": {"model": ..., "client": ...}}``) and the env's knobs."""
-    agents = tuple(make_task(optima_task).agents)
-    taskset = OptimaTasksetConfig(optima_task=optima_task, split=split)
+def optima_env_config(
+    optima_task: str = "ie/synth-v0",
+    *,
+    split: str = "test",
+    task_options: Mapping[str, Any] | None = None,
+    **settings: Any,
+) -> Any:
+    """The env config of one optima task (built with ``task_options``): its agents as roles (each
+    a local chat agent unless ``settings`` give ``bob={"model": ..., "client": ...}``) and the
+    env's knobs (:class:`OptimaEnvConfig`)."""
+    options = dict(task_options or {})
+    agents = tuple(make_task(optima_task, **options).agents)
+    taskset = OptimaTasksetConfig(optima_task=optima_task, split=split, task_options=options)
     return _config_class(agents).model_validate({"taskset": taskset, **settings})
 
 
@@ -187,7 +197,7 @@ class OptimaEnv(vf.Env[OptimaEnvConfig]):
 
     def __init__(self, config: OptimaEnvConfig) -> None:
         super().__init__(config)
-        self.optima = make_task(config.taskset.optima_task)
+        self.optima = make_task(config.taskset.optima_task, **config.taskset.task_options)
         self.roles = {agent: role_name(agent) for agent in self.optima.agents}
         declared = set(self._agent_specs)
         if declared != set(self.roles.values()):
@@ -254,11 +264,7 @@ class OptimaEnv(vf.Env[OptimaEnvConfig]):
                 new = [m for m in messages[seen[agent] :] if m["role"] == "user"]
                 segment = await (chats[agent].turn(new) if new else chats[agent].turn())
                 if segment.terminated:
-                    raise TaskContractError(
-                        f"role {self.roles[agent]!r} stopped answering after {len(env.turns)} turns "
-                        f"(its verifiers run ended: {chats[agent].trace.stop_condition}); the optima "
-                        "conversation needs a reply every turn: lift the role's max_turns/token limits"
-                    )
+                    raise _stopped(self.roles[agent], len(env.turns), chats[agent].trace)
                 await asyncio.to_thread(env.step, segment.last_reply)
                 seen[agent] = len(env.chat_messages(agent))
         for chat in chats.values():
@@ -281,6 +287,16 @@ class OptimaEnv(vf.Env[OptimaEnvConfig]):
         for trace in episode.traces:
             sample, _ = played[trace.id]
             record_reward(trace, by_sample[sample], sample=sample, role=trace.agent.name, roles=self.roles)
+
+
+def _stopped(role: str, turns: int, trace: Any) -> TaskContractError:
+    last = trace.errors[-1] if trace.errors else None
+    cause = f"{last.type}: {last.message}" if last else "no error: a max_turns or token limit"
+    return TaskContractError(
+        f"role {role!r} stopped answering after {turns} turns (its verifiers run ended: "
+        f"{trace.stop_condition}; {cause}); the optima conversation needs a reply every turn: fix "
+        "the endpoint or lift the role's max_turns/token limits"
+    )
 
 
 def record_reward(trace: Any, episode: Episode, *, sample: int, role: str, roles: Mapping[str, str]) -> None:

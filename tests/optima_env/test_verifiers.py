@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from collections import defaultdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,55 @@ def saved_traces(tmp_path: Path) -> list[dict]:
     return [trace for line in path.read_text().splitlines() for trace in json.loads(line)["traces"]]
 
 
+class ChatServer:
+    """An OpenAI-compatible chat-completions server on 127.0.0.1 answering ``reply(n, body)``."""
+
+    def __init__(self, reply) -> None:
+        self.requests: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(body)
+                text = reply(len(server.requests), body)
+                data = json.dumps(
+                    {
+                        "id": f"chatcmpl-{len(server.requests)}",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body["model"],
+                        "choices": [
+                            {
+                                "index": 0,
+                                "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": text},
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/v1"
+
+    def __enter__(self) -> ChatServer:
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
 def replay(task, index: int, sample: int, replies: dict[str, list[str]], **env_kwargs):
     """The conversation the traces hold, played again by optima's env (rotation order)."""
     env = ConversationEnv(task, split="test", message_format="alternating", scoring=False, **env_kwargs)
@@ -92,6 +143,58 @@ def test_roles_default_to_the_local_chat_harness_and_subprocess_runtime() -> Non
     eval_config = ov.local_eval_config(config, base_url="http://127.0.0.1:1/v1", model="m", output_dir=".")
     assert eval_config.push is False and eval_config.rich is None
     assert eval_config.client.base_url == "http://127.0.0.1:1/v1"
+
+
+def test_three_agents_take_turns_by_the_envs_rules_against_a_loopback_server(tmp_path) -> None:
+    """A scripted OpenAI-compatible server on 127.0.0.1 (no model): each role reads the others'
+    turns since its own last one as user messages, the env adds the missing "Name:" prefix, and
+    the conversation ends at the env's turn cap."""
+
+    def reply(n: int, body: dict) -> str:
+        speaker = body["messages"][0]["content"].split(".")[0].removeprefix("You are ")
+        return f"{speaker} says {n}"  # no "Name:" prefix
+
+    env = ov.optima_env_config(TASK, task_options={"num_agents": 3}, max_turns=5)
+    with ChatServer(reply) as server:
+        config = ov.local_eval_config(
+            env, base_url=server.url, model="stub", output_dir=tmp_path, num_instances=1
+        )
+        (episode,) = ov.evaluate(config)
+    assert episode.ok, [e.message for e in episode.errors]
+    by_role = {trace.agent.name: trace for trace in episode.traces}
+    turns = by_role["alice"].info["optima"]["turns"]
+    assert [t["agent"] for t in turns] == ["Alice", "Bob", "Charlie", "Alice", "Bob"]
+    assert all(t["text"] == f"{t['agent']}: {t['agent']} says {i + 1}" for i, t in enumerate(turns))
+    assert len(server.requests) == 5
+    for role, trace in by_role.items():
+        agent = role.capitalize()
+        read = [m.content for m in trace.messages if m.role == "user"]
+        assert read == [t["text"] for t in turns if t["agent"] != agent][: len(read)]
+        assert [m.content for m in trace.assistant_messages] == [
+            t["text"].removeprefix(f"{agent}: ") for t in turns if t["agent"] == agent
+        ]
+    charlie_first = server.requests[2]["messages"]
+    assert [m["role"] for m in charlie_first] == ["system", "user", "user"]
+    assert by_role["alice"].info["optima"]["end_reason"] == "max_turns"
+
+
+def test_a_role_whose_endpoint_fails_fails_the_episode_with_the_cause(tmp_path) -> None:
+    def reply(n: int, body: dict) -> str:
+        raise ConnectionAbortedError  # the handler dies: the server closes the connection
+
+    with ChatServer(reply) as server:
+        config = ov.local_eval_config(
+            ov.optima_env_config(TASK),
+            base_url=server.url,
+            model="stub",
+            output_dir=tmp_path,
+            num_instances=1,
+        )
+        (episode,) = ov.evaluate(config)
+    assert not episode.ok
+    (error,) = episode.errors
+    assert "role 'alice' stopped answering after 0 turns" in error.message
+    assert "fix the endpoint" in error.message and "Error" in error.message
 
 
 @pytest.mark.slow
