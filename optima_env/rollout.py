@@ -29,6 +29,7 @@ ones included; a resumed call gets no refill for what it replays unless it passe
 from __future__ import annotations
 
 import dataclasses
+import sys
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -107,7 +108,7 @@ def rollout(
     concurrency: int = 32,
     env_kwargs: Mapping[str, Any] | None = None,
     on_episode: Callable[[int, Episode], None] | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     reset_options: Callable[[RolloutJob], Mapping[str, Any]] | None = None,
     stop_at_speaker_tags: bool = False,
     request_key: Callable[[RolloutJob, int], tuple[object, ...]] | None = None,
@@ -124,7 +125,8 @@ def rollout(
         env_kwargs: keyword arguments of :class:`ConversationEnv` (``split``, ``tokenizer``, ...).
         on_episode: called with ``(job position, episode)`` as each episode finishes, e.g. to
             append it to a results file.
-        progress: show a tqdm progress bar.
+        progress: show a tqdm progress bar (``None``, the default: when stderr is a terminal, so
+            an interactive rollout shows its progress and a log or a test stays quiet).
         reset_options: extra ``reset`` options per job (default: ``{"index": job.index}``).
         stop_at_speaker_tags: end a turn where the speaker starts writing an agent's ``"Name:"``
             tag (impersonation, spec §3) instead of generating it; off by default, as in the
@@ -156,6 +158,8 @@ def rollout(
     finished: dict[int, Episode] = {}
     active: list[tuple[int, RolloutJob, ConversationEnv]] = []
     bar = None
+    if progress is None:
+        progress = sys.stderr.isatty()
     if progress:
         from tqdm.auto import tqdm
 
