@@ -43,7 +43,8 @@ class RunArgs:
     """A trained model as NAME=PATH (repeatable): one row each, the multi-agent system, greedy."""
     model: str = "embedded"
     """Model of the baselines: embedded, a Hugging Face name or folder, scripted (no model), or
-    with --backend openai the name the server serves."""
+    with --backend openai the name the server serves; or one model per agent,
+    AGENT=MODEL[,AGENT=MODEL...] (e.g. Alice=embedded,Bob=runs/isft/iter_02/checkpoint)."""
     backend: str | None = None
     """Generation backend: hf, vllm, or openai (an OpenAI-compatible server, with --base-url)
     (default: the suite's)."""
@@ -95,6 +96,9 @@ class RunArgs:
     """CPU threads of torch (default: torch's choice; 1 is faster on a CPU shared with other jobs)."""
     update_readme: bool = False
     """demo, rollout and loop suites: rewrite the README block of the suite from this run."""
+    progress: bool = True
+    """Progress bars (rollouts, model loading); --no-progress silences every bar (tqdm's, the
+    Hugging Face hub's and transformers')."""
     debug: bool = False
     """On an error, print its traceback too (default: one line on stderr, exit code 2)."""
     set: tuple[str, ...] = ()

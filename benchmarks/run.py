@@ -384,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--no-progress" in argv:  # before any library creates a bar
+        os.environ.update(TQDM_DISABLE="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
     try:
         run(parse_args(argv))
     except OptimaError as exc:  # expected: bad input, missing data or extras, a failing server

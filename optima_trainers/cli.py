@@ -15,7 +15,13 @@ every flag below overrides them, and ``--set NAME=VALUE`` reaches any field of t
 tree by its dotted name, parsed into the field's type (a bad name or value is refused before
 anything runs). ``--resume`` continues a run from its folder with its stored configuration (only
 ``--iterations`` may change). Expected errors print one line and exit with status 2 (``--debug``
-shows the traceback).
+shows the traceback): a path flag that cannot work (``--model``, ``--readability-model``,
+``--run-dir``, ``--data-dir``) is refused before anything loads, and a run that fails before its
+first stage leaves no folder behind. A stage whose iSFT selection keeps nothing stops the run,
+saying how far the best trajectory fell short of θ_sft. Ctrl-C prints the command that resumes
+(exit status 130). Default run folders never collide (``-2``, ``-3``, ... within one second); one
+process writes a run folder at a time (a second is refused, naming the first's pid).
+``--no-progress`` silences every progress bar (ours, TRL's and transformers').
 """
 
 from __future__ import annotations

@@ -110,3 +110,14 @@ def test_the_rollout_benchmark_cli_answers_bad_flags_in_one_line(tmp_path) -> No
         )  # fmt: skip
         assert message in one_error_line(proc), argv
         assert not (tmp_path / "out").exists()
+
+
+def test_no_progress_silences_every_bar_and_help_names_per_agent_models(tmp_path) -> None:
+    flags = ("--model", "scripted", "--methods", "cot", "--episodes", "2")
+    shown = bench(*flags, "--out", str(tmp_path / "a"))
+    quiet = bench(*flags, "--no-progress", "--out", str(tmp_path / "b"))
+    assert shown.returncode == quiet.returncode == 0, quiet.stderr[-2000:]
+    assert "ep/s" in shown.stderr  # the rollout's bar, on by default
+    assert "ep/s" not in quiet.stderr and "it/s" not in quiet.stderr
+    help_text = bench("--help").stdout
+    assert "AGENT=MODEL[,AGENT=MODEL...]" in help_text and "--no-progress" in help_text
