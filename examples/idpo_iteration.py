@@ -31,7 +31,8 @@ from optima_env import RewardConfig, make_task
 from optima_env.io import write_episodes, write_json_atomic, write_text_atomic
 from optima_env.policy import SamplingParams
 from optima_trainers.dpo import DPOTrainConfig, train_dpo
-from optima_trainers.mcts import MCTSConfig, MCTSReward, build_trees, estimate_token_normalizer
+from optima_trainers.config import GenerationConfig, TreeSearchConfig
+from optima_trainers.mcts import MCTSReward, build_trees, estimate_token_normalizer
 from optima_trainers.pairs import select_top_pairs
 from optima_trainers.types import write_pairs
 
@@ -101,11 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     write_episodes(out / "normalizer_episodes.jsonl", norm_episodes)
     stage("normalizer")
 
+    search = TreeSearchConfig(
+        selections=args.selections,
+        rollouts=args.rollouts,
+        theta_filter=args.theta_filter,
+        theta_diff=args.theta_diff,
+    )
     reward = MCTSReward(
         normalizer=normalizer,
-        config=RewardConfig(
-            lambda_token=args.lambda_token, lambda_loss=args.lambda_loss, impersonation="mcts"
-        ),
+        # the tree reward derives from the run's (impersonation zeroes the task term, spec §3)
+        config=search.reward_of(RewardConfig(lambda_token=args.lambda_token, lambda_loss=args.lambda_loss)),
         readability=readability,
     )
     first = args.normalizer_instances  # fresh instances: the cursor moves on
@@ -115,19 +121,15 @@ def main(argv: list[str] | None = None) -> int:
         list(range(first, first + args.instances)),
         reward_fn=reward.score,
         seed=args.seed,
-        config=MCTSConfig(
-            num_selections=args.selections,
-            rollouts_per_selection=args.rollouts,
-            max_depth=args.max_turns,
-            max_new_tokens=args.max_new_tokens,
-        ),
+        search=search,
+        generation=GenerationConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens),
         env_kwargs=env_kwargs,
         progress=True,
     )
     write_text_atomic(out / "trees.jsonl", "".join(json.dumps(t.to_dict()) + "\n" for t in trees))
     stage("mcts")
 
-    all_pairs = [t.pairs(args.theta_filter, args.theta_diff) for t in trees]
+    all_pairs = [t.pairs() for t in trees]
     pairs = select_top_pairs(all_pairs)
     write_pairs(out / "pairs.jsonl", pairs)
     rewards = [t.reward for tree in trees for t in tree.trajectories]

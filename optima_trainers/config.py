@@ -3,10 +3,11 @@
 :class:`TrainConfig` holds the run (task, trainer, model, seed, iterations, ...) and its sections::
 
     generation  GenerationConfig   how conversations are sampled (sizes, caps, temperatures, backend)
-    reward      RewardConfig       the reward that ranks sampled conversations (optima_env.reward)
+    reward      RewardConfig       the run's reward (optima_env.reward): sampled stages and, derived, trees
     selection   SelectionConfig    iSFT data selection (optima_trainers.selection)
     sft         SFTTrainConfig     SFT stages (optima_trainers.sft)
-    tree        TreeSearchConfig   tree-search stages: normalizer, MCTS, its reward, pair rules
+    tree        TreeSearchConfig   tree-search stages: normalizer, MCTS, pair rules (its reward derives
+                                   from ``reward``: :meth:`TreeSearchConfig.reward_of`)
     dpo         DPOTrainConfig     DPO stages (optima_trainers.dpo)
     options     (a mapping)        a third-party backend's own options (its ``config_class``)
 
@@ -21,7 +22,7 @@ Every leaf has a dotted name (``reward.lambda_token``, ``dpo.beta``) for presets
    ``preset="paper"`` the paper's differences (``TaskSpec.presets["paper"][trainer]``, spec §13
    items 5-6). A task without presets keeps the generic defaults (one notice is logged; a debate
    task also restarts SFT from the base model, spec §5 item 8). The task's own reward thresholds
-   (``TaskSpec.reward``) apply to both rewards;
+   (``TaskSpec.reward``) apply to the run's reward;
 4. the reward preset (:data:`REWARD_PRESETS`: ``code`` keeps the reference's special cases,
    ``paper`` is Eq. 1 alone), then with ``preset="paper"`` the paper's algorithm switches
    (:data:`FIDELITY_PRESETS`, spec §13 items 1, 2, 3, 7, 8 and 12; ``docs/fidelity.md`` lists
@@ -30,13 +31,15 @@ Every leaf has a dotted name (``reward.lambda_token``, ``dpo.beta``) for presets
    size to minutes on 2 CPU cores, with LoRA; :data:`optima_trainers.presets.CPU_ENGINE` is the
    CTranslate2 alternative, not the default: see its docstring), then the backend's extras for
    that profile;
-6. explicit overrides (CLI flags and ``--set``).
+6. explicit overrides (CLI flags and ``--set``); a reward weight set here reaches the tree reward
+   too, dropping a recipe's ``tree.lambda_*`` (:attr:`TreeSearchConfig.lambda_token`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -134,6 +137,13 @@ class GenerationConfig:
             low_open=True,
         )
 
+    def stops(self, agents: Sequence[str]) -> tuple[str, ...]:
+        """Stop strings of every generated turn, sampled or tree (the agents' ``"Name:"`` tags when
+        :attr:`stop_at_speaker_tags`, else none)."""
+        from optima_env.policy import speaker_stops
+
+        return speaker_stops(agents) if self.stop_at_speaker_tags else ()
+
     def policy_options(self) -> dict[str, Any]:
         """The backend's own keyword arguments for :func:`optima_env.backends.loading.load_policy`
         (``vllm``: its scale switches; the other backends take none from here)."""
@@ -148,8 +158,11 @@ class GenerationConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TreeSearchConfig:
-    """Tree-search stages (spec §6): the token normalizer, the MCTS turn trees, their reward and
-    the pair rules. Sampling caps and temperature come from ``generation``."""
+    """Tree-search stages (spec §6): the token normalizer, the MCTS turn trees and the pair rules;
+    the one declaration of these settings, read by the CLI, :func:`optima_trainers.mcts.build_trees`
+    and :class:`optima_trainers.tree.Tree` alike. Sampling caps, temperature, depth (``max_turns``),
+    termination and message format come from ``generation``; the reward from ``reward``
+    (:meth:`reward_of`)."""
 
     instances: int = 10000
     """Instances (one tree each) per stage (``monte_sample_count``)."""
@@ -188,8 +201,14 @@ class TreeSearchConfig:
     pair_rule: Literal["per_parent", "shared_ancestor"] = "per_parent"
     """Pairs (spec §13 item 7): each node's best vs worst child (``per_parent``, the reference), or
     every two children of a node, which share its whole history (``shared_ancestor``, the paper)."""
-    reward: RewardConfig = field(default_factory=lambda: RewardConfig(impersonation="mcts"))
-    """The reward of tree trajectories (constant normalizer; impersonation zeroes the task term)."""
+    lambda_token: float | None = None
+    """The tree reward's own λ_token, where a recipe gives the tree search a weight other than the
+    run's (spec §6.5 Table 8: ARC-C's iDPO trees use 0.4 where its iSFT initialization uses 0.5).
+    ``None`` (the default): ``reward.lambda_token``. Setting ``reward.lambda_token`` yourself (a
+    ``--set``, a flag or ``overrides``) also clears a recipe's value here, so that your weight
+    reaches every reward of the run; set both to keep them apart."""
+    lambda_loss: float | None = None
+    """The tree reward's own λ_loss (as :attr:`lambda_token`); ``None``: ``reward.lambda_loss``."""
     theta_filter: float = 0.4
     """θ_dpo-filter: minimum value of the chosen node."""
     theta_diff: float = 0.2
@@ -206,6 +225,23 @@ class TreeSearchConfig:
         check_number("tree.theta_filter", self.theta_filter)
         check_number("tree.theta_diff", self.theta_diff, low=0.0)
         check_number("tree.pair_fraction", self.pair_fraction, low=0.0, high=1.0, low_open=True)
+        for name in ("lambda_token", "lambda_loss"):
+            if getattr(self, name) is not None:
+                check_number(f"tree.{name}", getattr(self, name), low=0.0)
+
+    def reward_of(self, run: RewardConfig) -> RewardConfig:
+        """The reward of tree trajectories, derived from the run's reward ``run``: the same weights
+        and special cases, except that an impersonating turn zeroes the task term
+        (``impersonation="mcts"``, the reference's tree-search scoring, spec §3) where the run's
+        reward subtracts 10 (``"sft"``), and this section's weights where they are set. The token
+        normalizer is the tree stage's (:attr:`normalizer`)."""
+        changes: dict[str, Any] = {}
+        if run.impersonation == "sft":
+            changes["impersonation"] = "mcts"
+        for name in ("lambda_token", "lambda_loss"):
+            if getattr(self, name) is not None:
+                changes[name] = getattr(self, name)
+        return dataclasses.replace(run, **changes) if changes else run
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,6 +302,11 @@ class TrainConfig:
             raise ConfigError(f"seed must be an int, got {self.seed!r}")
 
     @property
+    def tree_reward(self) -> RewardConfig:
+        """The reward of tree trajectories (:meth:`TreeSearchConfig.reward_of` the run's reward)."""
+        return self.tree.reward_of(self.reward)
+
+    @property
     def is_debate(self) -> bool:
         """True for solver/critic debate tasks."""
         return self.family == DEBATE
@@ -276,8 +317,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
-        """Rebuild from :meth:`to_dict` output; unknown keys raise :class:`ConfigError`."""
-        return from_dict(cls, data)
+        """Rebuild from :meth:`to_dict` output; unknown keys raise :class:`ConfigError`. A config
+        written before the tree reward was derived from ``reward`` (a ``tree.reward`` section) is
+        read as the same run (:func:`_upgrade`)."""
+        return from_dict(cls, _upgrade(data))
 
     def replace(self, **overrides: Any) -> TrainConfig:
         """A copy with dotted overrides applied (``replace(**{"reward.lambda_token": 0.4})``)."""
@@ -287,8 +330,45 @@ class TrainConfig:
 _RUN_FIELDS = ("task", "trainer", "preset", "profile", "family")
 
 
+def _upgrade(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A stored config with the former ``tree.reward`` section, as today's fields: its weights
+    become ``tree.lambda_*`` where they differ from ``reward``'s; every other field must equal what
+    :meth:`TreeSearchConfig.reward_of` derives, or the run cannot be read as the same run."""
+    tree = data.get("tree") if isinstance(data, Mapping) else None
+    if not isinstance(tree, Mapping) or "reward" not in tree:
+        return data
+    old, tree = dict(tree["reward"] or {}), {k: v for k, v in tree.items() if k != "reward"}
+    run = from_dict(RewardConfig, data.get("reward") or {}, prefix="reward.")
+    for name in ("lambda_token", "lambda_loss"):
+        if name in old and old[name] != getattr(run, name):
+            tree[name] = old[name]
+    derived = to_dict(from_dict(TreeSearchConfig, tree, prefix="tree.").reward_of(run))
+    differing = sorted(k for k, v in old.items() if derived.get(k) != v)
+    if differing:
+        raise ConfigError(
+            f"this stored config's tree.reward differs from the run's reward in {differing}, which a "
+            "config can no longer express (the tree reward derives from reward.*, spec §3); start a "
+            "new run folder"
+        )
+    return {**data, "tree": tree}
+
+
+def _user_reward_reaches_trees(layers: list[Mapping[str, Any]], user: Mapping[str, Any]) -> dict[str, Any]:
+    """``tree.lambda_*: None`` for each weight the user set in ``reward`` but not in ``tree``,
+    when an earlier layer (a recipe) gave the tree its own value: the user's weight then reaches
+    the tree reward too (see :attr:`TreeSearchConfig.lambda_token`)."""
+    cleared = {}
+    for name in ("lambda_token", "lambda_loss"):
+        tree_key = f"tree.{name}"
+        if f"reward.{name}" in user and tree_key not in user and any(tree_key in layer for layer in layers):
+            logger.info("reward.%s you set also applies to the tree search (the recipe's %s is dropped)",
+                        name, tree_key)
+            cleared[tree_key] = None
+    return cleared
+
+
 def _task_reward(reward: Mapping[str, Any]) -> dict[str, Any]:
-    return {f"{section}.{k}": v for section in ("reward", "tree.reward") for k, v in reward.items()}
+    return {f"reward.{k}": v for k, v in reward.items()}
 
 
 def _task_presets(task: Any, trainer: str, preset: str, family: str) -> dict[str, Any]:
@@ -366,9 +446,9 @@ def resolve_config(
         FIDELITY_PRESETS[preset],  # spec §13: the paper's algorithm switches under preset="paper"
         PROFILES[profile],
         dict(trainer.profiles.get(profile, {})),
-        given,
-        {k: v for k, v in run.items() if v is not None},
     ]
+    user = {**given, **{k: v for k, v in run.items() if v is not None}}
+    layers += [given, {k: v for k, v in run.items() if v is not None}, _user_reward_reaches_trees(layers, user)]
     config = TrainConfig(
         task=task.id, trainer=trainer.name, preset=preset, profile=profile, family=task.family
     )

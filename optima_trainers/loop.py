@@ -9,8 +9,8 @@ the same way. It registers the backend on the run's plugin manager, asks it for 
   initialization uses the format-diverse pool at ``generation.init_temperature``); ``tree``
   stages set the token normalizer and grow the MCTS trees (:mod:`optima_trainers.tree_stage`);
 * scores in one place with the run's rewards: ``config.reward`` per instance group (per-instance
-  max normalizer, spec §3) with the frozen base model's readability, or ``config.tree.reward``
-  with the tree normalizer; fires ``optima_episode_scored`` for every scored episode;
+  max normalizer, spec §3) with the frozen base model's readability, or ``config.tree_reward``
+  (derived from ``config.reward``) with the tree normalizer; fires ``optima_episode_scored`` for every scored episode;
 * selects (samples stages) through ``optima_select_training_data`` (built in:
   :func:`optima_trainers.selection.select_isft`);
 * delivers the stage's data, read back from the stage folder, through ``optima_generation_end``
@@ -41,7 +41,7 @@ from optima_env.configtree import ConfigError
 from optima_env.errors import PluginError
 from optima_env.io import write_json_atomic
 from optima_env.models import resolve_model_path
-from optima_env.policy import PerAgentPolicy, speaker_stops
+from optima_env.policy import PerAgentPolicy
 from optima_env.registry import get_plugin_manager, make_task, trainer_specs
 from optima_env.types import Episode
 from optima_trainers.checkpoint import discard_partial, is_complete, require_complete, train_metrics
@@ -304,7 +304,7 @@ class IterativeTrainer:
     @property
     def stops(self) -> tuple[str, ...]:
         """Stop strings of every generated turn (the agents' tags when ``stop_at_speaker_tags``)."""
-        return speaker_stops(self.task.agents) if self.config.generation.stop_at_speaker_tags else ()
+        return self.config.generation.stops(self.task.agents)
 
     @property
     def scorer(self) -> Any:
@@ -344,7 +344,6 @@ class IterativeTrainer:
                     num_train=self.num_train,
                     readability=self.scorer,
                     env_kwargs=self._env_kwargs(policy),
-                    stops=self.stops,
                     on_scored=self._scored(stage),
                     on_phase=lambda phase, started, extra: self._phase(stage, phase, started, **extra),
                     progress=self.progress,

@@ -1,15 +1,15 @@
 """MCTS-style data generation for iDPO (spec §6.2, §6.3).
 
 For every instance a :class:`~optima_trainers.tree.Tree` of turns is grown by
-``num_selections`` expansions of:
+``tree.selections`` expansions of (settings: :class:`~optima_trainers.config.TreeSearchConfig`):
 
 1. **select** a node: the candidates are the root and every node whose first child itself has
    children; a candidate whose text is within ``ed(a, b) / (max(|a|, |b|) + 1) < 0.25`` of any
    previously selected node is dropped (so a selected node is never selected again); the rest are
    sorted by value, the top 10 kept and one sampled with probability ∝ exp(value); the root when
    nothing is left;
-2. **simulate** ``rollouts_per_selection`` conversations from it at temperature 0.7, to the end of
-   the conversation (spec §2.4) or ``max_depth`` turns (the env truncates there; such a rollout's
+2. **simulate** ``tree.rollouts`` conversations from it at temperature 0.7, to the end of
+   the conversation (spec §2.4) or ``generation.max_turns`` turns (the env truncates there; such a rollout's
    final answer is ``"error"``, scored by the task, as the reference's depth cut:
    ``depth_cut="error"``; ``"last_answer"`` keeps the current answer);
 3. **insert** each rollout into the tree (a turn within ``ed / (len(new) + 1) < 0.1`` of an existing
@@ -48,8 +48,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 from optima_env.errors import ScoringError, TaskContractError
 from optima_env.policy import ChatPolicy, SamplingParams
@@ -57,16 +57,17 @@ from optima_env.rollout import job_seed
 from optima_env.rules import checked_score
 from optima_env.task import Task
 from optima_env.types import Episode
+from optima_trainers.config import GenerationConfig, TreeSearchConfig
 from optima_trainers.mcts_async import Expansion, ExpansionScheduler
 from optima_trainers.mcts_reward import MCTSReward, estimate_token_normalizer
 from optima_trainers.selection import draw_sample_id
 from optima_trainers.tree import Node, Tree, TreeTrajectory, normalized_edit_distance
 
 __all__ = [
-    "MCTSConfig",
     "MCTSReward",
     "Node",
     "Tree",
+    "TreeSearchConfig",
     "TreeTrajectory",
     "build_trees",
     "estimate_token_normalizer",
@@ -80,74 +81,12 @@ RewardFn = Callable[[Sequence[Episode]], Sequence[float] | Sequence[Episode]]
 """Scores a batch of finished episodes: one float each, or the episodes with ``reward`` filled in."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MCTSConfig:
-    """Search settings (defaults: the reference code, spec §6.2)."""
-
-    num_selections: int = 8
-    """Select-simulate-back-propagate expansions per tree."""
-    rollouts_per_selection: int = 3
-    """Conversations played from each selected node."""
-    top_k: int = 10
-    """Candidates (by value) the softmax selection samples from."""
-    select_edit_threshold: float = 0.25
-    """A candidate this close to an already selected node (``ed / (max len + 1)``) is dropped."""
-    merge_edit_threshold: float = 0.1
-    """A new turn this close to an existing sibling (``ed / (len(new) + 1)``) is merged into it."""
-    max_depth: int = 10
-    """Turns after which a rollout is cut (the env's ``max_turns``)."""
-    temperature: float = 0.7
-    """Sampling temperature of the rollouts."""
-    max_new_tokens: int = 2000
-    """Token cap of one generated turn (the reference's ``max_tokens``)."""
-    top_p: float = 1.0
-    """Nucleus sampling of the rollouts (the reference: 1.0)."""
-    stop: tuple[str, ...] = ()
-    """Stop strings of the rollouts (e.g. :func:`optima_env.policy.speaker_stops`; the reference: none)."""
-    minmax: Literal["exact", "code"] = "code"
-    """How pairs pick the max/min-value child: as tracked during back-propagation (``code``, the
-    reference) or recomputed from the final values (``exact``)."""
-    depth_cut: Literal["error", "last_answer"] = "error"
-    """A rollout cut at ``max_depth`` without agreement: final answer ``"error"`` (the reference),
-    or its current answer (``last_answer``)."""
-    edit_distance: Literal["plus_one", "max_length"] = "plus_one"
-    """Edit-distance normalization of the selection filter and the sibling merge (spec §13 item 8):
-    the reference's ``+ 1`` forms, or the paper's division by the longer length."""
-    pair_rule: Literal["per_parent", "shared_ancestor"] = "per_parent"
-    """Pairs: best vs worst child of each node (the reference), or every two children of a node
-    (the paper's nodes sharing an ancestor, spec §13 item 7)."""
-    filtered_parents: Literal["drop", "keep"] = "drop"
-    """A node the similarity filter removed is never a pair parent unless selected (the reference),
-    or stays one (``keep``)."""
-
-    def __post_init__(self) -> None:
-        for name in ("num_selections", "rollouts_per_selection", "top_k", "max_depth", "max_new_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise TaskContractError(f"MCTSConfig.{name} must be an int >= 1, got {value!r}")
-        for name in ("select_edit_threshold", "merge_edit_threshold", "temperature"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not value >= 0:
-                raise TaskContractError(f"MCTSConfig.{name} must be a number >= 0, got {value!r}")
-        for name, allowed in (
-            ("minmax", ("exact", "code")),
-            ("depth_cut", ("error", "last_answer")),
-            ("edit_distance", ("plus_one", "max_length")),
-            ("pair_rule", ("per_parent", "shared_ancestor")),
-            ("filtered_parents", ("drop", "keep")),
-        ):
-            if getattr(self, name) not in allowed:
-                raise TaskContractError(
-                    f"MCTSConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
-                )
-
-
-def _far(node: Node, selected: Node, config: MCTSConfig) -> bool:
+def _far(node: Node, selected: Node, config: TreeSearchConfig) -> bool:
     distance = normalized_edit_distance(node.text, selected.text, form=config.edit_distance)
     return distance >= config.select_edit_threshold
 
 
-def select_node(tree: Tree, config: MCTSConfig, rng: random.Random) -> Node:
+def select_node(tree: Tree, config: TreeSearchConfig, rng: random.Random) -> Node:
     """Choose the node to simulate from (step 1 of the search) and record it as selected.
 
     Candidates too close to a previously selected node are removed from the tree's candidates for
@@ -186,7 +125,8 @@ def build_trees(
     reward_fn: RewardFn,
     split: str = "train",
     seed: int = 0,
-    config: MCTSConfig | None = None,
+    search: TreeSearchConfig | None = None,
+    generation: GenerationConfig | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
     keys: Sequence[int] | None = None,
     concurrency: int | None = None,
@@ -205,25 +145,36 @@ def build_trees(
         split: the data split.
         seed: seeds the evidence dealing, the node selection and the sampling (each request's key is
             ``(tree seed, selection step, rollout number, turn)``).
-        config: search settings.
+        search: the tree-search settings (default: ``TreeSearchConfig()``, the ``code`` preset's,
+            as the trainer's ``tree`` section; one declaration, no copy).
+        generation: the conversation settings (default: ``GenerationConfig()``, as the trainer's
+            ``generation`` section): the rollouts sample with its ``temperature``, ``top_p`` and
+            ``max_new_tokens``, stop at the agents' tags when ``stop_at_speaker_tags``, and end at
+            ``max_turns`` (the depth limit) or by its ``termination`` rule.
         env_kwargs: :class:`~optima_env.conversation_env.ConversationEnv` options (``tokenizer``,
-            ``turn_token_cap``, ``pm``, ...); ``max_turns`` is ``config.max_depth``.
+            ``turn_token_cap``, ``pm``, ...); ``max_turns``, ``termination`` and ``message_format``
+            come from ``generation``.
         keys: per-tree identity the tree's seeds derive from (default: the instance index); pass
             distinct keys (e.g. the instance cursor position) when an instance appears twice.
         concurrency: episodes per generation batch (default: one expansion of every tree at once,
-            ``len(instance_indices) * rollouts_per_selection``).
+            ``len(instance_indices) * search.rollouts``).
         progress: show a progress bar over the selections of all trees.
 
     Returns:
         The trees, in the order of ``instance_indices``.
     """
-    config = config or MCTSConfig()
+    search = search if search is not None else TreeSearchConfig()
+    generation = generation if generation is not None else GenerationConfig()
     env_kwargs = dict(env_kwargs or {})
-    for name, value in (("split", split), ("max_turns", config.max_depth)):
+    for name, value, source in (
+        ("split", split, "the split argument"),
+        ("max_turns", generation.max_turns, "generation.max_turns"),
+        ("termination", generation.termination, "generation.termination"),
+        ("message_format", generation.message_format, "generation.message_format"),
+    ):
         if env_kwargs.get(name, value) != value:
             raise TaskContractError(
-                f"env_kwargs[{name!r}] = {env_kwargs[name]!r} conflicts with {value!r} "
-                f"({'the split argument' if name == 'split' else 'MCTSConfig.max_depth'}); "
+                f"env_kwargs[{name!r}] = {env_kwargs[name]!r} conflicts with {value!r} ({source}); "
                 "drop it from env_kwargs"
             )
         env_kwargs[name] = value
@@ -246,13 +197,8 @@ def build_trees(
                 seed=job_seed(seed, key, 0),
                 agents=tuple(task.agents),
                 system_prompts={},
-                message_format=env_kwargs.get("message_format", "code"),
-                max_depth=config.max_depth,
-                minmax=config.minmax,
-                termination=env_kwargs.get("termination", "repeat"),
-                pair_rule=config.pair_rule,
-                filtered_parents=config.filtered_parents,
-                edit_distance=config.edit_distance,
+                search=search,
+                generation=generation,
             )
         )
         rngs.append(random.Random(f"optima-mcts-select/{seed}/{key}"))
@@ -263,35 +209,33 @@ def build_trees(
     def finish(expansions: list[Expansion]) -> None:
         """Score the completed expansions in one ``reward_fn`` call, then insert each rollout."""
         played = [
-            _as_drawn(task, e, trees[x.tree], samples, config, tokenizer)
+            _as_drawn(task, e, trees[x.tree], samples, search, tokenizer)
             for x in expansions
             for e in x.episodes
             if e is not None
         ]
         episodes, rewards = _rewards(reward_fn, played)
-        n = config.rollouts_per_selection
+        n = search.rollouts
         for i, x in enumerate(expansions):
             tree = trees[x.tree]
             for episode, reward in zip(episodes[i * n : (i + 1) * n], rewards[i * n : (i + 1) * n]):
                 _check_prompts(tree, episode)
-                tree.insert(
-                    episode, x.start, reward, merge_threshold=config.merge_edit_threshold, step=x.step
-                )
+                tree.insert(episode, x.start, reward, step=x.step)
 
     ExpansionScheduler(
         trees,
-        rollouts=config.rollouts_per_selection,
-        selections=config.num_selections,
-        select=lambda t: select_node(trees[t], config, rngs[t]),
+        rollouts=search.rollouts,
+        selections=search.selections,
+        select=lambda t: select_node(trees[t], search, rngs[t]),
         finish=finish,
     ).run(
         task,
         policy,
         sampling=SamplingParams(
-            temperature=config.temperature,
-            max_new_tokens=config.max_new_tokens,
-            top_p=config.top_p,
-            stop=config.stop,
+            temperature=generation.temperature,
+            max_new_tokens=generation.max_new_tokens,
+            top_p=generation.top_p,
+            stop=generation.stops(task.agents),
             seed=seed,
         ),
         concurrency=concurrency,
@@ -302,7 +246,7 @@ def build_trees(
 
 
 def _as_drawn(
-    task: Task, episode: Episode, tree: Tree, samples: Sequence[Any], config: MCTSConfig, tokenizer: Any
+    task: Task, episode: Episode, tree: Tree, samples: Sequence[Any], config: TreeSearchConfig, tokenizer: Any
 ) -> Episode:
     """The rollout as its tree records it: the tree's sample id (one per draw), and under
     ``depth_cut="error"`` a rollout cut at the depth limit gets the final answer ``"error"``, scored

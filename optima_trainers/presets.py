@@ -13,13 +13,10 @@ __all__ = ["CPU_ENGINE", "FIDELITY_PRESETS", "PROFILES", "REWARD_PRESETS", "fast
 
 REWARD_PRESETS: dict[str, dict[str, Any]] = {
     "code": {},
-    "paper": {
-        f"{section}.{name}": value
-        for section in ("reward", "tree.reward")
-        for name, value in PAPER_SPECIAL_CASES.items()
-    },
+    "paper": {f"reward.{name}": value for name, value in PAPER_SPECIAL_CASES.items()},
 }
-"""``code``: the reference's special cases (spec §3); ``paper``: Eq. 1 alone, no special case."""
+"""``code``: the reference's special cases (spec §3); ``paper``: Eq. 1 alone, no special case (the
+tree reward derives from ``reward``, so it follows)."""
 
 FIDELITY_PRESETS: dict[str, dict[str, Any]] = {
     "code": {},

@@ -22,6 +22,7 @@ import editdistance
 from optima_env.errors import TaskContractError
 from optima_env.rules import AnswerTracker, check_termination
 from optima_env.types import Episode, Turn
+from optima_trainers.config import GenerationConfig, TreeSearchConfig
 from optima_trainers.types import PreferencePair
 
 __all__ = ["Node", "Tree", "TreeTrajectory", "normalized_edit_distance"]
@@ -138,18 +139,13 @@ class Tree:
             the tree uses (so every rollout sees the same dealing of evidence).
         agents: the speaking order.
         system_prompts: each agent's base system prompt (what training examples use, spec §4).
-        message_format: how turns appear in a pair's prompt: ``code`` (all ``assistant``, the
-            reference) or ``alternating`` (the speaker's own turns ``assistant``, others ``user``).
-        max_depth: turns after which a conversation is cut (spec: 10).
-        minmax: how :meth:`pairs` picks the max/min-value child by default (see
-            :meth:`Node.best_and_worst`).
-        termination: the env's agreement rule (``repeat`` or ``all_agents``), which decides
-            where a path of node texts ends (:attr:`Node.ended`).
-        pair_rule: ``per_parent`` (the reference, spec §6.4) or ``shared_ancestor`` (the paper,
-            §13 item 7); see :meth:`pairs`.
-        filtered_parents: ``drop`` (the reference): a node the selection's similarity filter
-            removed (and never selected) is never a pair parent; ``keep``: it still is.
-        edit_distance: the normalization of the sibling merge (see :func:`normalized_edit_distance`).
+        search: the tree-search settings (:class:`~optima_trainers.config.TreeSearchConfig`: the
+            pair rule, the min/max tracking, the filtered parents, the edit-distance form, the
+            merge threshold and the pair thresholds); default: the ``code`` preset's.
+        generation: the conversation settings the tree replays (:class:`~optima_trainers.config.
+            GenerationConfig`: ``max_turns`` cuts a path, ``termination`` decides where a path of
+            node texts ends (:attr:`Node.ended`), ``message_format`` how turns appear in a pair's
+            prompt: ``code``, all ``assistant``, or ``alternating``).
     """
 
     def __init__(
@@ -162,29 +158,20 @@ class Tree:
         seed: int,
         agents: tuple[str, ...],
         system_prompts: Mapping[str, str],
-        message_format: str = "code",
-        max_depth: int = 10,
-        minmax: Literal["exact", "code"] = "code",
-        termination: str = "repeat",
-        pair_rule: Literal["per_parent", "shared_ancestor"] = "per_parent",
-        filtered_parents: Literal["drop", "keep"] = "drop",
-        edit_distance: Literal["plus_one", "max_length"] = "plus_one",
+        search: TreeSearchConfig | None = None,
+        generation: GenerationConfig | None = None,
     ) -> None:
         self.task_id, self.sample_id, self.index = task_id, sample_id, index
         self.split, self.seed = split, seed
         self.agents = tuple(agents)
         self.system_prompts = dict(system_prompts)
-        self.message_format = message_format
-        self.max_depth = max_depth
-        self.minmax: Literal["exact", "code"] = minmax
-        self.termination = check_termination(termination)
-        if pair_rule not in ("per_parent", "shared_ancestor"):
-            raise TaskContractError(f"pair_rule must be 'per_parent' or 'shared_ancestor', got {pair_rule!r}")
-        if filtered_parents not in ("drop", "keep"):
-            raise TaskContractError(f"filtered_parents must be 'drop' or 'keep', got {filtered_parents!r}")
-        self.pair_rule = pair_rule
-        self.filtered_parents = filtered_parents
-        self.edit_distance: Literal["plus_one", "max_length"] = edit_distance
+        self.search = search if search is not None else TreeSearchConfig()
+        self.generation = generation if generation is not None else GenerationConfig()
+        check_termination(self.generation.termination)
+        for name, allowed in (("pair_rule", ("per_parent", "shared_ancestor")), ("filtered_parents", ("drop", "keep")),
+                              ("minmax", ("exact", "code")), ("edit_distance", ("plus_one", "max_length"))):
+            if getattr(self.search, name) not in allowed:
+                raise TaskContractError(f"tree.{name} must be one of {allowed}, got {getattr(self.search, name)!r}")
         self.root = Node(id=0, text="", depth=0, parent=None, answer=None)
         self.nodes: list[Node] = [self.root]
         self.selected: list[Node] = []
@@ -222,13 +209,13 @@ class Tree:
 
     # -- growth -------------------------------------------------------------------------------------
     def insert(
-        self, episode: Episode, start: Node, reward: float, *, merge_threshold: float, step: int = 0
+        self, episode: Episode, start: Node, reward: float, *, step: int = 0
     ) -> Node:
         """Add a finished trajectory that continued from ``start``; returns its leaf.
 
         The episode's first ``start.depth`` turns must be the texts of ``start``'s path. Each later
         turn goes into an existing child of the current node when ``ed(child, new) / (len(new) + 1)
-        < merge_threshold`` (the first such child), else into a new child. ``reward`` is then
+        < tree.merge_edit_threshold`` (the first such child), else into a new child. ``reward`` is then
         back-propagated as a running mean along the whole path, root included.
         """
         expected = self.prefix(start)
@@ -248,8 +235,8 @@ class Tree:
                 (
                     c
                     for c in node.children
-                    if normalized_edit_distance(c.text, turn.text, by="new", form=self.edit_distance)
-                    < merge_threshold
+                    if normalized_edit_distance(c.text, turn.text, by="new", form=self.search.edit_distance)
+                    < self.search.merge_edit_threshold
                 ),
                 None,
             )
@@ -274,14 +261,14 @@ class Tree:
         )
         # a merged variant can continue a path that the node texts end (its own answer differed):
         # whatever follows an ended node ends too, or replaying its path would stop short of it
-        node.ended = parent.ended or too_long or node.depth >= self.max_depth or self._agrees(node)
+        node.ended = parent.ended or too_long or node.depth >= self.generation.max_turns or self._agrees(node)
         parent.children.append(node)
         self.nodes.append(node)
         return node
 
     def _agrees(self, node: Node) -> bool:
         """Replaying the path's texts, the env's agreement rule ends the conversation at ``node``."""
-        tracker = AnswerTracker(self.termination, self.agents)
+        tracker = AnswerTracker(self.generation.termination, self.agents)
         path = self.path(node)[1:]
         agreed = False
         for i, n in enumerate(path):
@@ -296,7 +283,7 @@ class Tree:
             n
             for n in self.nodes
             if len(n.children) >= 2
-            and (self.filtered_parents == "keep" or n.id not in self.removed or n.id in selected)
+            and (self.search.filtered_parents == "keep" or n.id not in self.removed or n.id in selected)
         ]
 
     # -- data ---------------------------------------------------------------------------------------
@@ -306,12 +293,16 @@ class Tree:
         messages = [{"role": "system", "content": self.system_prompts[agent]}]
         for i, n in enumerate(self.path(node)[1:]):
             own = self.agents[i % len(self.agents)] == agent
-            role = "assistant" if self.message_format == "code" or own else "user"
+            role = "assistant" if self.generation.message_format == "code" or own else "user"
             messages.append({"role": role, "content": n.text})
         return messages
 
     def pairs(
-        self, theta_filter: float, theta_diff: float, *, minmax: Literal["exact", "code"] | None = None
+        self,
+        theta_filter: float | None = None,
+        theta_diff: float | None = None,
+        *,
+        minmax: Literal["exact", "code"] | None = None,
     ) -> list[PreferencePair]:
         """Preference pairs from the nodes of :meth:`pair_parents` (root included), in creation order.
 
@@ -321,11 +312,14 @@ class Tree:
         §13 item 7): every two children of a node (they share the whole history up to it, which
         is the pair's prompt), the higher-value one chosen, under the same two thresholds; in
         child order, the first of two equal values chosen.
+        Thresholds and ``minmax`` default to :attr:`search`'s.
         """
+        theta_filter = self.search.theta_filter if theta_filter is None else theta_filter
+        theta_diff = self.search.theta_diff if theta_diff is None else theta_diff
         out = []
         for node in self.pair_parents():
-            if self.pair_rule == "per_parent":
-                best, worst = node.best_and_worst(minmax or self.minmax)
+            if self.search.pair_rule == "per_parent":
+                best, worst = node.best_and_worst(minmax or self.search.minmax)
                 candidates = [] if best is worst else [(best, worst)]
             else:
                 kids = node.children

@@ -75,7 +75,6 @@ def generate_tree_stage(
     num_train: int,
     readability: Callable[..., Any],
     env_kwargs: Mapping[str, Any],
-    stops: tuple[str, ...],
     on_scored: Callable[[Episode], None],
     on_phase: Callable[[str, float, dict[str, Any]], None],
     progress: bool,
@@ -83,7 +82,7 @@ def generate_tree_stage(
     """Run (or resume) the normalizer, tree and pair phases of one stage into ``folder``."""
     import time
 
-    from optima_trainers.mcts import MCTSConfig, MCTSReward, build_trees
+    from optima_trainers.mcts import MCTSReward, build_trees
     from optima_trainers.pairs import select_top_pairs
 
     gen, tree_cfg = config.generation, config.tree
@@ -101,7 +100,7 @@ def generate_tree_stage(
             top_p=gen.top_p,
             max_new_tokens=gen.max_new_tokens,
             seed=seed,
-            stop=stops,
+            stop=gen.stops(task.agents),
         ),
         env_kwargs=env_kwargs,
         concurrency=gen.concurrency,
@@ -116,24 +115,7 @@ def generate_tree_stage(
     on_phase("normalizer", started, {"normalizer": normalizer or 0.0})
 
     started = time.perf_counter()
-    reward = MCTSReward(normalizer=normalizer, config=tree_cfg.reward, readability=readability)
-    search = MCTSConfig(
-        num_selections=tree_cfg.selections,
-        rollouts_per_selection=tree_cfg.rollouts,
-        top_k=tree_cfg.top_k,
-        select_edit_threshold=tree_cfg.select_edit_threshold,
-        merge_edit_threshold=tree_cfg.merge_edit_threshold,
-        max_depth=gen.max_turns,
-        temperature=gen.temperature,
-        max_new_tokens=gen.max_new_tokens,
-        top_p=gen.top_p,
-        stop=stops,
-        minmax=tree_cfg.minmax,
-        depth_cut=tree_cfg.depth_cut,
-        edit_distance=tree_cfg.edit_distance,
-        pair_rule=tree_cfg.pair_rule,
-        filtered_parents=tree_cfg.filtered_parents,
-    )
+    reward = MCTSReward(normalizer=normalizer, config=config.tree_reward, readability=readability)
     mcts_env = {k: v for k, v in env_kwargs.items() if k not in ("split", "max_turns", "diverse_formats")}
     per_chunk = max(1, gen.concurrency // max(1, tree_cfg.rollouts))
     trees_path = folder / "trees.jsonl"
@@ -148,12 +130,13 @@ def generate_tree_stage(
             reward_fn=reward.score,
             split=config.split,
             seed=seed,
-            config=search,
+            search=tree_cfg,
+            generation=gen,
             env_kwargs=mcts_env,
             keys=chunk,
             progress=progress,
         )
-        record = [_tree_record(t, tree_cfg.theta_filter, tree_cfg.theta_diff) for t in trees]
+        record = [_tree_record(t) for t in trees]
         append_jsonl(trees_path, [{"chunk": number, "trees": record}])
         for tree in trees:
             for trajectory in tree.trajectories:
@@ -166,7 +149,7 @@ def generate_tree_stage(
     on_phase("mcts", started, {})
 
 
-def _tree_record(tree: Any, theta_filter: float, theta_diff: float) -> dict[str, Any]:
+def _tree_record(tree: Any) -> dict[str, Any]:
     episodes = [t.episode for t in tree.trajectories]
     return {
         "index": tree.index,
@@ -176,7 +159,7 @@ def _tree_record(tree: Any, theta_filter: float, theta_diff: float) -> dict[str,
         "mean_reward": sum(t.reward for t in tree.trajectories) / max(1, len(episodes)),
         "mean_task_score": sum(e.task_score for e in episodes) / max(1, len(episodes)),
         "mean_tokens": sum(e.num_tokens for e in episodes) / max(1, len(episodes)),
-        "pairs": [p.to_dict() for p in tree.pairs(theta_filter, theta_diff)],
+        "pairs": [p.to_dict() for p in tree.pairs()],
     }
 
 

@@ -19,7 +19,7 @@ from optima_trainers.checkpoint import (
     require_complete,
 )
 from optima_trainers.cli import main
-from optima_trainers.config import resolve_config
+from optima_trainers.config import TrainConfig, resolve_config
 from optima_trainers.runs import RunDir
 from tests.helpers import REPO_ROOT
 
@@ -41,7 +41,7 @@ def test_help_lists_the_options() -> None:
     for name in ("isft ", "idpo ", "isft-dpo ", "grpo "):
         assert f"  {name}" in done.stdout
     assert "reward.lambda_token (float, 0.6): λ_token" in done.stdout
-    assert "tree.reward.impersonation ('sft'|'mcts'|'off', 'mcts')" in done.stdout
+    assert "tree.lambda_token (float | None, None): The tree reward's own λ_token" in done.stdout
 
 
 def test_print_config_resolves_preset_and_flags(capsys: pytest.CaptureFixture[str]) -> None:
@@ -53,7 +53,9 @@ def test_print_config_resolves_preset_and_flags(capsys: pytest.CaptureFixture[st
     config = json.loads(capsys.readouterr().out)
     assert config["task"] == "ie/synth-v0" and config["generation"]["num_samples"] == 3
     assert config["tree"]["theta_diff"] == 0.3 and config["sft"]["lora"] is False
-    assert config["reward"]["lambda_token"] == config["tree"]["reward"]["lambda_token"] == 0.25
+    # one home: the tree reward follows reward.* (tree.lambda_token unset)
+    assert config["reward"]["lambda_token"] == 0.25 and config["tree"]["lambda_token"] is None
+    assert TrainConfig.from_dict(config).tree_reward.lambda_token == 0.25
 
 
 @pytest.mark.parametrize(

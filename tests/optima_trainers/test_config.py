@@ -39,8 +39,8 @@ def test_idpo_and_isft_dpo_presets() -> None:
         85.0,
     )
     assert (
-        gsm.tree.reward.lambda_token,
-        gsm.tree.reward.lambda_loss,
+        gsm.tree_reward.lambda_token,
+        gsm.tree_reward.lambda_loss,
         gsm.iterations,
         gsm.tree.instances,
     ) == (
@@ -50,7 +50,7 @@ def test_idpo_and_isft_dpo_presets() -> None:
         7000,
     )
     assert (gsm.reward.lambda_token, gsm.reward.lambda_loss) == (0.4, 0.9)  # the iSFT initialization
-    assert gsm.tree.reward.impersonation == "mcts" and gsm.reward.impersonation == "sft"
+    assert gsm.tree_reward.impersonation == "mcts" and gsm.reward.impersonation == "sft"
     arc = resolve_config("debate/arc_challenge-v0", "idpo", profile="paper")
     assert arc.iterations == 2 and arc.generation.num_samples == 15 and arc.generation.init_temperature == 0.3
     assert resolve_config("debate/arc_challenge-v0", "idpo", preset="paper", profile="paper").iterations == 5
@@ -90,7 +90,7 @@ def test_typed_overrides_by_dotted_name() -> None:
     assert (
         config.reward.lambda_token == 0.4 and config.sft.lora is False and config.selection.keep == (0.1, 0.9)
     )
-    assert config.replace(**{"tree.reward.lambda_loss": 2}).tree.reward.lambda_loss == 2.0
+    assert config.replace(**{"tree.lambda_loss": 2}).tree_reward.lambda_loss == 2.0
 
 
 @pytest.mark.parametrize(
@@ -149,7 +149,7 @@ def test_a_task_sets_its_own_reward_thresholds() -> None:
         reward={"short_trajectory_tokens": 5, "repeated_turn_zero_loss": False},
     )
     config = resolve_config(spec, trainer)
-    for reward in (config.reward, config.tree.reward):
+    for reward in (config.reward, config.tree_reward):
         assert reward.short_trajectory_tokens == 5 and not reward.repeated_turn_zero_loss
     assert resolve_config(spec, trainer, reward_preset="paper").reward.short_trajectory_tokens is None
 

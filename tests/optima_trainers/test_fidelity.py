@@ -12,7 +12,8 @@ from optima_env.policy import ScriptedPolicy
 from optima_env.reward import RewardBreakdown, percentile_normalizer
 from optima_env.types import Episode
 from optima_trainers.config import FIDELITY_PRESETS, resolve_config
-from optima_trainers.mcts import MCTSConfig, MCTSReward, Tree, build_trees, select_node
+from optima_trainers.config import GenerationConfig, TreeSearchConfig
+from optima_trainers.mcts import MCTSReward, Tree, build_trees, select_node
 from optima_trainers.pairs import select_top_pairs
 from optima_trainers.selection import SelectionConfig, draw_sample_id, select_isft
 from optima_trainers.tree import normalized_edit_distance
@@ -40,7 +41,7 @@ def test_the_paper_preset_applies_every_section_13_switch_and_code_keeps_the_def
     # reference-only details keep their code value under both presets
     for cfg in (code, paper):
         assert (cfg.tree.minmax, cfg.tree.depth_cut, cfg.tree.filtered_parents) == ("code", "error", "drop")
-        assert cfg.tree.normalizer_rounding == "int" and cfg.tree.reward.mcts_turn_scan is True
+        assert cfg.tree.normalizer_rounding == "int" and cfg.tree_reward.mcts_turn_scan is True
 
 
 def test_the_switches_are_reachable_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,10 +104,9 @@ def test_the_per_instance_max_normalizer_of_the_paper() -> None:
 
 # -- §6.2: the depth cut ----------------------------------------------------------------------------
 def trees(**overrides) -> list[Tree]:
-    config = MCTSConfig(**{"num_selections": 2, "top_k": 1, "max_depth": 4, **overrides})
-    return build_trees(
-        TinyTask(), ScriptedPolicy(CountingScript()), [0], reward_fn=answer_reward, config=config
-    )
+    search = TreeSearchConfig(**{"selections": 2, "top_k": 1, **overrides})
+    return build_trees(TinyTask(), ScriptedPolicy(CountingScript()), [0], reward_fn=answer_reward,
+                       search=search, generation=GenerationConfig(max_turns=4))  # fmt: skip
 
 
 def test_a_rollout_cut_at_the_depth_limit_answers_error() -> None:
@@ -132,20 +132,20 @@ def test_edit_distance_plus_one_forms_and_the_papers_max_length() -> None:
 @pytest.mark.parametrize(("form", "children"), [("plus_one", 1), ("max_length", 2)])
 def test_the_merge_decision_follows_the_edit_distance_form(form: str, children: int) -> None:
     tree = Tree(task_id="t", sample_id="s", index=0, split="train", seed=0, agents=("Alice", "Bob"),
-                system_prompts={"Alice": "a", "Bob": "b"}, edit_distance=form)  # fmt: skip
+                system_prompts={"Alice": "a", "Bob": "b"}, search=TreeSearchConfig(edit_distance=form))  # fmt: skip
     base = "Alice: " + "x" * 93  # 100 characters
     close = "Alice: " + "y" * 10 + "x" * 83  # 10 edits: 10 / 101 < 0.1 merges; 10 / 100 = 0.1 does not
-    tree.insert(episode([base, "B1", "<A>1</A>"]), tree.root, 1.0, merge_threshold=0.1)
-    tree.insert(episode([close, "B2", "<A>2</A>"]), tree.root, 0.0, merge_threshold=0.1)
+    tree.insert(episode([base, "B1", "<A>1</A>"]), tree.root, 1.0)
+    tree.insert(episode([close, "B2", "<A>2</A>"]), tree.root, 0.0)
     assert len(tree.root.children) == children
 
 
 # -- §13 item 7 and §6.4: the pair rules -------------------------------------------------------------
 def three_children(**kwargs) -> Tree:
     tree = Tree(task_id="t", sample_id="s", index=0, split="train", seed=0, agents=("Alice", "Bob"),
-                system_prompts={"Alice": "a", "Bob": "b"}, **kwargs)  # fmt: skip
+                system_prompts={"Alice": "a", "Bob": "b"}, search=TreeSearchConfig(**kwargs))  # fmt: skip
     for text, value in (("apples and pears", 1.0), ("zebra crossing", 0.5), ("quantum physics", 0.0)):
-        tree.insert(episode([text, "B", "<A>x</A>"]), tree.root, value, merge_threshold=0.1)
+        tree.insert(episode([text, "B", "<A>x</A>"]), tree.root, value)
     return tree
 
 
@@ -167,20 +167,20 @@ def test_a_node_removed_by_the_similarity_filter_is_never_a_pair_parent() -> Non
 
     def grown(**kwargs) -> Tree:
         tree = Tree(task_id="t", sample_id="s", index=0, split="train", seed=0, agents=("Alice", "Bob"),
-                    system_prompts={"Alice": "a", "Bob": "b"}, **kwargs)  # fmt: skip
+                    system_prompts={"Alice": "a", "Bob": "b"}, search=TreeSearchConfig(**kwargs))  # fmt: skip
         for turns, value in (([a, "B one", "C"], 1.0), ([a, "B two", "C"], 0.0), ([a2, "B3", "C"], 0.5)):
-            tree.insert(episode(turns), tree.root, value, merge_threshold=0.1)
+            tree.insert(episode(turns), tree.root, value)
         tree.selected.extend([tree.root, tree.root.children[1]])  # as if the root and A2 were selected
         return tree
 
     tree = grown()
-    assert select_node(tree, MCTSConfig(), rng=None) is tree.root  # everything left is close: root
+    assert select_node(tree, TreeSearchConfig(), rng=None) is tree.root  # everything left is close: root
     node_a = tree.root.children[0]
     assert node_a.id in tree.removed and len(node_a.children) == 2
     # the root (selected) keeps its pair (A 0.5 vs A2 0.5: no gap) and A, removed, gives none
     assert [p.depth for p in tree.pairs(-1.0, 0.1, minmax="exact")] == []
     kept = grown(filtered_parents="keep")
-    select_node(kept, MCTSConfig(), rng=None)
+    select_node(kept, TreeSearchConfig(), rng=None)
     # A: "B one" (1.0) vs "B two" (0.0), depth 1
     assert [(p.depth, p.chosen_value, p.rejected_value) for p in kept.pairs(-1.0, 0.1)] == [(1, 1.0, 0.0)]
 
@@ -189,7 +189,7 @@ def test_a_node_removed_by_the_similarity_filter_is_never_a_pair_parent() -> Non
 def test_every_draw_is_its_own_tree() -> None:
     # TinyTask has 2 rows: positions 0, 1, 2 play rows 0, 1, 0; position 2 is cycle 1
     built = build_trees(TinyTask(), ScriptedPolicy(CountingScript()), [0, 1, 0], reward_fn=answer_reward,
-                        keys=[0, 1, 2], config=MCTSConfig(num_selections=1, max_depth=4))  # fmt: skip
+                        keys=[0, 1, 2], search=TreeSearchConfig(selections=1), generation=GenerationConfig(max_turns=4))  # fmt: skip
     assert [t.sample_id for t in built] == ["tiny-0", "tiny-1", "tiny-0@1"]
     assert {t.episode.sample_id for t in built[2].trajectories} == {"tiny-0@1"}
     assert draw_sample_id("r", 1119 + 5, 1119) == "r@1"
@@ -238,7 +238,7 @@ def test_a_sampled_stage_with_more_draws_than_rows_keeps_each_draw_and_resumes(t
     assert [e.sample_id for e in again] == [e.sample_id for e in scored]
 
 
-# -- MCTSConfig.stop and top_p reach the tree search from the trainer ------------------------------------
+# -- generation's stops and top_p reach the tree search from the trainer ------------------------------------
 def test_the_tree_stage_samples_with_the_runs_stops_and_top_p(tmp_path: Path) -> None:
     from optima_task_synth import SyntheticChainTask
 
@@ -261,7 +261,8 @@ def test_the_tree_stage_samples_with_the_runs_stops_and_top_p(tmp_path: Path) ->
     generate_tree_stage(
         task=task, policy=policy, config=config, folder=tmp_path, seed=0, normalizer_indices=[0],
         tree_positions=[1], num_train=4, readability=lambda texts: [2.0] * len(texts),
-        env_kwargs={"split": "train", "max_turns": 2, "scoring": False}, stops=("\nAlice:", "\nBob:"),
+        env_kwargs={"split": "train", "max_turns": 2, "scoring": False},
         on_scored=lambda e: None, on_phase=lambda *a: None, progress=False,
     )  # fmt: skip
-    assert policy.sampling and {(s.top_p, s.stop) for s in policy.sampling} == {(0.9, ("\nAlice:", "\nBob:"))}
+    # the normalizer's conversations and the tree's rollouts: the cpu profile's speaker-tag stops
+    assert policy.sampling and {(s.top_p, s.stop) for s in policy.sampling} == {(0.9, ("Alice:", "Bob:"))}

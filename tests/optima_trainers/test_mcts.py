@@ -12,12 +12,14 @@ import pytest
 from optima_task_synth import SyntheticChainTask
 
 from optima_env import ConversationEnv
+from optima_env.configtree import ConfigError
 from optima_env.errors import ScoringError, TaskContractError
 from optima_env.policy import GenerationRequest, ScriptedPolicy
 from optima_env.reward import RewardConfig, score_episode
 from optima_env.rollout import run_episode
 from optima_env.types import Episode
-from optima_trainers.mcts import MCTSConfig, MCTSReward, Tree, build_trees, select_node
+from optima_trainers.config import GenerationConfig, TreeSearchConfig
+from optima_trainers.mcts import MCTSReward, Tree, build_trees, select_node
 from optima_trainers.pairs import select_top_pairs
 from optima_trainers.tree import normalized_edit_distance
 from tests.helpers import TinyTask
@@ -64,8 +66,9 @@ def answer_reward(episodes: Sequence[Episode]) -> list[float]:
 
 def scripted_trees(indices=(0,), **overrides) -> tuple[list[Tree], ScriptedPolicy]:
     policy = ScriptedPolicy(CountingScript())
-    config = MCTSConfig(**{"num_selections": 2, "top_k": 1, "max_depth": 4, **overrides})
-    trees = build_trees(TinyTask(), policy, list(indices), reward_fn=answer_reward, config=config)
+    search = TreeSearchConfig(**{"selections": 2, "top_k": 1, **overrides})
+    trees = build_trees(TinyTask(), policy, list(indices), reward_fn=answer_reward, search=search,
+                        generation=GenerationConfig(max_turns=4))  # fmt: skip
     return trees, policy
 
 
@@ -151,7 +154,7 @@ def test_rollouts_of_one_node_get_distinct_sampling_keys() -> None:
         ScriptedPolicy(reply),
         [0],
         reward_fn=answer_reward,
-        config=MCTSConfig(num_selections=2, top_k=1, max_depth=4),
+        search=TreeSearchConfig(selections=2, top_k=1), generation=GenerationConfig(max_turns=4),
     )
     # seeded backends derive each request's seed from its key: equal keys would mean equal samples
     first_turn = keys[:3]
@@ -176,7 +179,7 @@ def test_a_seeded_model_backend_samples_distinct_rollouts_from_one_node() -> Non
         policy,
         [0],
         reward_fn=lambda eps: [0.0] * len(eps),
-        config=MCTSConfig(num_selections=1, max_depth=1, max_new_tokens=8),
+        search=TreeSearchConfig(selections=1), generation=GenerationConfig(max_turns=1, max_new_tokens=8),
         env_kwargs={"tokenizer": tokenizer},
     )
     # three samples of a random model from the same prompt: three children, nothing merged
@@ -190,8 +193,8 @@ def test_alternating_message_format_in_pair_prompts() -> None:
         policy,
         [0],
         reward_fn=answer_reward,
-        config=MCTSConfig(num_selections=2, top_k=1, max_depth=4),
-        env_kwargs={"message_format": "alternating"},
+        search=TreeSearchConfig(selections=2, top_k=1),
+        generation=GenerationConfig(max_turns=4, message_format="alternating"),
     )
     # the script keys on the path, which is the same text under both formats
     (pair,) = [p for p in tree.pairs(0.4, 0.2) if p.depth == 1]
@@ -212,21 +215,21 @@ def test_merge_uses_edit_distance_over_the_new_texts_length() -> None:
     tree = Tree(task_id="t", sample_id="s", index=0, split="train", seed=0, agents=("Alice", "Bob"),
                 system_prompts={"Alice": "a", "Bob": "b"})  # fmt: skip
     base = "Alice: " + "x" * 93  # 100 characters
-    tree.insert(episode([base, "B1", "<A>1</A>"]), tree.root, 1.0, merge_threshold=0.1)
+    tree.insert(episode([base, "B1", "<A>1</A>"]), tree.root, 1.0)
     # 9 edits / 101 < 0.1: merged into the existing child
     close = "Alice: " + "y" * 9 + "x" * 84
-    tree.insert(episode([close, "B2", "<A>2</A>"]), tree.root, 0.0, merge_threshold=0.1)
+    tree.insert(episode([close, "B2", "<A>2</A>"]), tree.root, 0.0)
     assert len(tree.root.children) == 1 and tree.root.children[0].visits == 2
     assert tree.root.children[0].text == base and tree.root.children[0].value == 0.5
     # 11 edits / 101 >= 0.1: a new child
     far = "Alice: " + "y" * 11 + "x" * 82
-    tree.insert(episode([far, "B3", "<A>3</A>"]), tree.root, 0.25, merge_threshold=0.1)
+    tree.insert(episode([far, "B3", "<A>3</A>"]), tree.root, 0.25)
     assert [c.visits for c in tree.root.children] == [2, 1]
     assert tree.root.value == pytest.approx((1.0 + 0.0 + 0.25) / 3)
     assert normalized_edit_distance("ab", "abcd", by="new") == pytest.approx(2 / 5)
     assert normalized_edit_distance("abcd", "ab") == pytest.approx(2 / 5)
     with pytest.raises(TaskContractError, match="does not continue node"):
-        tree.insert(episode(["other", "B", "<A>x</A>"]), tree.root.children[0], 0.0, merge_threshold=0.1)
+        tree.insert(episode(["other", "B", "<A>x</A>"]), tree.root.children[0], 0.0)
 
 
 def test_turns_after_an_ended_node_end_too_and_are_never_candidates() -> None:
@@ -234,13 +237,13 @@ def test_turns_after_an_ended_node_end_too_and_are_never_candidates() -> None:
     its later turns hang under a node whose path of texts ends, so they cannot be replayed."""
     tree = Tree(task_id="t", sample_id="s", index=0, split="train", seed=0, agents=("Alice", "Bob"),
                 system_prompts={"Alice": "a", "Bob": "b"})  # fmt: skip
-    tree.insert(episode(["I say <A>h</A>", "yes <A>h</A>"]), tree.root, 1.0, merge_threshold=0.1)
+    tree.insert(episode(["I say <A>h</A>", "yes <A>h</A>"]), tree.root, 1.0)
     agreed = node(tree, "Alice: I say <A>h</A>", "Bob: yes <A>h</A>")
     assert agreed.ended
     # "yes <A>k</A>" is 1 edit from "yes <A>h</A>": merged into the agreeing node, but h != k
     variant = episode(["I say <A>h</A>", "yes <A>k</A>", "no, <A>m</A>", "hmm", "well"])
     assert variant.end_reason == "max_turns" and len(variant.turns) == 5
-    tree.insert(variant, tree.root, 0.0, merge_threshold=0.1)
+    tree.insert(variant, tree.root, 0.0)
     (after,) = agreed.children
     assert after.text == "Alice: no, <A>m</A>" and after.children[0].children  # deep enough to select
     assert after.ended and after.children[0].ended
@@ -263,9 +266,9 @@ def chain_tree() -> Tree:
     """root → A (→ B → C) and root → D (→ E → F) and root → G (→ H): values 1.0, 0.0, 0.5."""
     tree = Tree(task_id="t", sample_id="s", index=0, split="train", seed=0, agents=("Alice", "Bob"),
                 system_prompts={"Alice": "a", "Bob": "b"})  # fmt: skip
-    tree.insert(episode(["turn A", "turn B", "turn C one"]), tree.root, 1.0, merge_threshold=0.1)
-    tree.insert(episode(["turn D long text", "turn E", "turn F"]), tree.root, 0.0, merge_threshold=0.1)
-    tree.insert(episode(["turn G something", "<A>h</A>", "<A>h</A>"]), tree.root, 0.5, merge_threshold=0.1)
+    tree.insert(episode(["turn A", "turn B", "turn C one"]), tree.root, 1.0)
+    tree.insert(episode(["turn D long text", "turn E", "turn F"]), tree.root, 0.0)
+    tree.insert(episode(["turn G something", "<A>h</A>", "<A>h</A>"]), tree.root, 0.5)
     return tree
 
 
@@ -277,7 +280,7 @@ def test_candidates_exclude_leaves_and_second_to_last_level() -> None:
 
 
 def test_selection_is_a_softmax_over_the_top_values() -> None:
-    config = MCTSConfig(top_k=10)
+    config = TreeSearchConfig(top_k=10)
     tree = chain_tree()
     tree.selected.append(tree.root)  # the root was used: now A (1.0), G (0.5), D (0.0) remain
     z = math.exp(1.0) + math.exp(0.5) + math.exp(0.0)
@@ -296,23 +299,23 @@ def test_selection_is_a_softmax_over_the_top_values() -> None:
         "Alice: turn D long text",
     ]
     # top_k=2 leaves D out whatever the draw
-    assert select_node(tree, MCTSConfig(top_k=2), FixedRandom(0.999999)).text == "Alice: turn G something"
+    assert select_node(tree, TreeSearchConfig(top_k=2), FixedRandom(0.999999)).text == "Alice: turn G something"
 
 
 def test_selection_drops_candidates_close_to_selected_nodes() -> None:
-    config = MCTSConfig(top_k=10)
+    config = TreeSearchConfig(top_k=10)
     tree = chain_tree()
     tree.selected.extend([tree.root, tree.root.children[0]])  # "", "Alice: turn A"
     # "Alice: turn D long text" vs "Alice: turn A": ed 11 / 24 >= 0.25 stays; a selected node never returns
     assert select_node(tree, config, FixedRandom(0.0)).text == "Alice: turn G something"
-    strict = MCTSConfig(select_edit_threshold=0.9)  # everything is "too close" to something now
+    strict = TreeSearchConfig(select_edit_threshold=0.9)  # everything is "too close" to something now
     assert select_node(tree, strict, FixedRandom(0.0)) is tree.root
     # A (the best value) is within 6/14 < 0.5 of the selected "Bob: turn B": dropped, so G wins
     other = chain_tree()
     other.selected.extend([other.root, other.root.children[0].children[0]])
     assert normalized_edit_distance("Alice: turn A", "Bob: turn B") == pytest.approx(6 / 14)
     assert normalized_edit_distance("Alice: turn D long text", "Bob: turn B") >= 0.5
-    assert select_node(other, MCTSConfig(select_edit_threshold=0.5), FixedRandom(0.0)).text == (
+    assert select_node(other, TreeSearchConfig(select_edit_threshold=0.5), FixedRandom(0.0)).text == (
         "Alice: turn G something"
     )
 
@@ -329,7 +332,7 @@ def test_same_seed_gives_every_rollout_of_a_tree_the_same_evidence() -> None:
         ScriptedPolicy(reply),
         [3, 4],
         reward_fn=lambda eps: [0.0] * len(eps),
-        config=MCTSConfig(num_selections=2, rollouts_per_selection=2, max_depth=3),
+        search=TreeSearchConfig(selections=2, rollouts=2), generation=GenerationConfig(max_turns=3),
     )
     for tree in trees:
         prompts = {tuple(sorted(t.episode.system_prompts.items())) for t in tree.trajectories}
@@ -360,14 +363,16 @@ def test_build_trees_rejects_bad_arguments() -> None:
     policy = ScriptedPolicy(CountingScript())
     with pytest.raises(TaskContractError, match="max_turns"):
         build_trees(TinyTask(), policy, [0], reward_fn=answer_reward, env_kwargs={"max_turns": 3})
+    with pytest.raises(TaskContractError, match="generation.message_format"):
+        build_trees(TinyTask(), policy, [0], reward_fn=answer_reward, env_kwargs={"message_format": "alternating"})
     with pytest.raises(TaskContractError, match="instance index"):
         build_trees(TinyTask(), policy, [5], reward_fn=answer_reward)
     with pytest.raises(ScoringError, match="one each"):
         build_trees(TinyTask(), policy, [0], reward_fn=lambda eps: [1.0])
     with pytest.raises(ScoringError, match="finite"):
         build_trees(TinyTask(), policy, [0], reward_fn=lambda eps: [math.nan] * len(eps))
-    with pytest.raises(TaskContractError, match="num_selections"):
-        MCTSConfig(num_selections=0)
+    with pytest.raises(ConfigError, match="tree.selections"):
+        TreeSearchConfig(selections=0)
 
 
 def test_code_minmax_tracking_can_go_stale_exact_does_not() -> None:
@@ -375,7 +380,7 @@ def test_code_minmax_tracking_can_go_stale_exact_does_not() -> None:
                 system_prompts={"Alice": "a", "Bob": "b"})  # fmt: skip
     x, y = ["apples and pears", "B"], ["zebra crossing here", "B"]
     for turns, reward in ((x, 1.0), (y, 0.5), (x, 0.0), (x, 0.0)):
-        tree.insert(episode(turns), tree.root, reward, merge_threshold=0.1)
+        tree.insert(episode(turns), tree.root, reward)
     # X: 1, 0.5, 1/3 ; Y: 0.5. The incremental tracker kept X as max after X dropped below Y.
     assert [round(c.value, 4) for c in tree.root.children] == [0.3333, 0.5]
     assert tree.root.max_child is tree.root.children[0]

@@ -14,7 +14,8 @@ from optima_env.errors import TaskContractError
 from optima_env.policy import GenerationRequest, SamplingParams, ScriptedPolicy, request_seed
 from optima_env.rollout import RolloutError, RolloutJob, job_seed, make_jobs, rollout
 from optima_env.types import Episode
-from optima_trainers.mcts import MCTSConfig, Tree, build_trees
+from optima_trainers.config import GenerationConfig, TreeSearchConfig
+from optima_trainers.mcts import Tree, build_trees
 from tests.helpers import FailingAfter, TinyTask
 
 LONG_TURN = "Alice: " + "word " * 40  # over the turn cap below: the episode ends after this turn
@@ -46,7 +47,7 @@ def test_a_tree_selects_again_as_soon_as_its_rollouts_end_so_the_batch_stays_ful
         policy,
         [0, 1],
         reward_fn=reward,
-        config=MCTSConfig(num_selections=2, rollouts_per_selection=2, max_depth=4),
+        search=TreeSearchConfig(selections=2, rollouts=2), generation=GenerationConfig(max_turns=4),
         env_kwargs={"turn_token_cap": 20},
     )
     assert policy.calls == [4, 4, 4, 4, 4]
@@ -70,7 +71,7 @@ def test_with_fewer_slots_than_rollouts_queued_trees_fill_the_freed_slots() -> N
         [0, 1, 0, 1],
         keys=[0, 1, 2, 3],
         reward_fn=lambda eps: [0.0] * len(eps),
-        config=MCTSConfig(num_selections=2, rollouts_per_selection=2, max_depth=3),
+        search=TreeSearchConfig(selections=2, rollouts=2), generation=GenerationConfig(max_turns=3),
         env_kwargs={"turn_token_cap": 20},
         concurrency=4,
     )
@@ -101,12 +102,12 @@ class KeyedScript:
 
 
 def test_a_tree_built_alone_equals_the_same_tree_built_with_others() -> None:
-    config = MCTSConfig(num_selections=3, rollouts_per_selection=3, max_depth=5, top_k=3)
+    search, generation = TreeSearchConfig(selections=3, rollouts=3, top_k=3), GenerationConfig(max_turns=5)
 
     def build(indices, keys, concurrency=None) -> tuple[list[Tree], KeyedScript]:
         policy = KeyedScript()
         trees = build_trees(TinyTask(), policy, indices, keys=keys, seed=7, concurrency=concurrency,
-                            reward_fn=lambda eps: [len(e.turns) / 5 for e in eps], config=config)  # fmt: skip
+                            reward_fn=lambda eps: [len(e.turns) / 5 for e in eps], search=search, generation=generation)  # fmt: skip
         return trees, policy
 
     (alone,), alone_policy = build([0], [0])

@@ -68,4 +68,4 @@ def test_the_template_sets_its_own_presets_and_reward_thresholds() -> None:
     assert (isft.selection.theta, isft.generation.num_samples, isft.iterations) == (0.3, 8, 4)
     assert isft.reward.short_trajectory_tokens == 6 and not isft.reward.repeated_turn_zero_loss
     idpo = resolve_config(spec, trainers["idpo"], profile="paper")
-    assert idpo.tree.theta_filter == 0.3 and idpo.tree.reward.short_trajectory_tokens == 6
+    assert idpo.tree.theta_filter == 0.3 and idpo.tree_reward.short_trajectory_tokens == 6
