@@ -26,6 +26,8 @@ LOCK_NAME = ".lock"
 MODEL_MARKERS = ("config.json", "adapter_config.json")
 """A model folder holds one of these: transformers' ``save_pretrained`` output (also CTranslate2's
 converted folders) or a PEFT adapter."""
+TOKENIZER_FILES = frozenset({"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"})
+"""A full model folder holds one of these (the CLIs load the tokenizer from the model's folder)."""
 
 
 def _offline() -> bool:
@@ -54,6 +56,13 @@ def check_model_flag(flag: str, value: str, *, names: tuple[str, ...] = ("embedd
                 f"{flag} {value!r} is a folder but not a model (no {' or '.join(MODEL_MARKERS)} in it); "
                 f"expected {accepted}; pass the folder a model was saved to (save_pretrained)"
             )
+        missing = _missing_model_files(path)
+        if missing:
+            raise TaskContractError(
+                f"{flag} {value!r} is not a complete model folder: it has no {missing}; pass a folder "
+                "that save_pretrained wrote with its tokenizer (model.save_pretrained(folder) and "
+                "tokenizer.save_pretrained(folder))"
+            )
         return
     if path.exists():
         raise TaskContractError(f"{flag} {value!r} is a file; expected {accepted}")
@@ -65,6 +74,21 @@ def check_model_flag(flag: str, value: str, *, names: tuple[str, ...] = ("embedd
             f"hub is offline (HF_HUB_OFFLINE=1); expected {accepted}; pass a local folder"
             + "".join(f" or {n!r}" for n in names)
         )
+
+
+def _missing_model_files(path: Path) -> str:
+    """What a model folder lacks to load: weights, or (a full model) a tokenizer; ``""`` if none."""
+    names = {p.name for p in path.iterdir()}
+    if "adapter_config.json" in names:
+        weights = any(n.startswith("adapter_model.") for n in names)
+        return "" if weights else "adapter weights (adapter_model.safetensors or .bin)"
+    if not any(
+        n.endswith((".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")) for n in names
+    ):
+        return "weights (*.safetensors or *.bin)"
+    if not names & TOKENIZER_FILES:
+        return f"tokenizer ({' / '.join(sorted(TOKENIZER_FILES))})"
+    return ""
 
 
 def _in_hub_cache(name: str) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -209,8 +210,17 @@ class RunDir:
         return folder_lock(self.root, what="the run folder")
 
     def started(self) -> bool:
-        """Whether any stage has begun (a stage folder exists, or the state names a stage)."""
-        return "stage" in self.state() or any(p.is_dir() for p in self.root.iterdir())
+        """Whether the run holds work: a phase finished (the state names a stage), or a stage
+        folder holds a non-empty record file or a checkpoint. A stage folder holding only its
+        instance list (made before its model failed to load) is not work."""
+        if "stage" in self.state():
+            return True
+        for folder in (p for p in self.root.iterdir() if p.is_dir()):
+            for path in folder.iterdir():
+                if path.is_dir() or (path.suffix in (".jsonl", ".json") and path.name != "instances.json"
+                                     and path.stat().st_size > 0):  # fmt: skip
+                    return True
+        return False
 
     def discard_unstarted(self) -> bool:
         """Remove this run's own files when no stage has begun (a run that failed at start-up),
@@ -221,6 +231,8 @@ class RunDir:
             with self.lock():
                 if self.started():
                     return False
+                for folder in (p for p in self.root.iterdir() if p.is_dir()):
+                    shutil.rmtree(folder)  # stage folders without work (see started)
                 for name in ("config.json", "state.json", "metrics.jsonl", LOCK_NAME):
                     (self.root / name).unlink(missing_ok=True)
         except TaskContractError:  # held by another process: not ours to remove

@@ -51,7 +51,10 @@ def test_path_flags_are_one_line_and_leave_no_run(tmp_path) -> None:
     (tmp_path / "notamodel").mkdir()
     (tmp_path / "afile").write_text("x", encoding="utf-8")
     (tmp_path / "empty").mkdir()
+    (tmp_path / "configonly").mkdir()
+    (tmp_path / "configonly" / "config.json").write_text("{}", encoding="utf-8")
     cases = [
+        (["--model", "configonly"], "is not a complete model folder: it has no weights"),
         (["--model", "notamodel"], "--model 'notamodel' is a folder but not a model"),
         (["--model", "./missing"], "--model './missing' does not exist"),
         (["--model", "acme/not-cached-model"], "nor a model in the Hugging Face cache"),
@@ -76,15 +79,13 @@ def test_an_empty_selection_stops_the_run_with_what_to_change(tmp_path, tiny) ->
 def test_ctrl_c_says_how_to_resume(tmp_path, tiny) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "optima_trainers.train", "--model", str(tiny), *TINY_RUN,
-         "--samples", "64", "--run-dir", "run"],
+         "--instances", "4", "--samples", "256", "--run-dir", "run"],
         cwd=tmp_path, stderr=subprocess.PIPE, text=True, env={**env(), "PYTHONPATH": str(REPO_ROOT)},
     )  # fmt: skip
-    lines = []
-    for line in proc.stderr:  # wait until the first stage runs
-        lines.append(line)
-        if "stage 1/1" in line:
-            break
-    time.sleep(1.0)
+    episodes = tmp_path / "run" / "iter_00" / "episodes.jsonl"
+    deadline = time.monotonic() + 300
+    while not (episodes.is_file() and episodes.stat().st_size) and time.monotonic() < deadline:
+        time.sleep(0.05)  # interrupt once the run holds work (an episode was written)
     proc.send_signal(signal.SIGINT)
     rest = proc.stderr.read()
     assert proc.wait(timeout=120) == 130
