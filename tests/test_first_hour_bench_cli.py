@@ -121,3 +121,31 @@ def test_no_progress_silences_every_bar_and_help_names_per_agent_models(tmp_path
     assert "ep/s" not in quiet.stderr and "it/s" not in quiet.stderr
     help_text = bench("--help").stdout
     assert "AGENT=MODEL[,AGENT=MODEL...]" in help_text and "--no-progress" in help_text
+
+
+def test_ctrl_c_prints_the_command_that_resumes(tmp_path) -> None:
+    import signal
+    import time
+
+    from tests.optima_trainers.tiny_model import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "out"
+    argv = ["--model", str(model), "--task", "ie/synth-v0", "--methods", "mad", "--episodes", "30",
+            "--max-new-tokens", "8", "--concurrency", "1", "--threads", "1", "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.run", *argv, "--out", str(out)],
+        cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    episodes = out / "episodes.jsonl"
+    deadline = time.monotonic() + 300
+    while not (episodes.is_file() and episodes.stat().st_size) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, rest[-2000:]
+    assert "Traceback" not in rest
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith("interrupted; finished episodes are kept: rerun python -m benchmarks.run ")
+    assert f"--out {out} " in last and "--methods mad" in last and last.endswith(" to resume")

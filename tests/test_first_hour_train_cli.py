@@ -71,9 +71,11 @@ def test_path_flags_are_one_line_and_leave_no_run(tmp_path) -> None:
 
 
 def test_an_empty_selection_stops_the_run_with_what_to_change(tmp_path, tiny) -> None:
-    line = one_error_line(train("--model", str(tiny), *TINY_RUN, "--theta-sft", "100", cwd=tmp_path))
+    proc = train("--model", str(tiny), *TINY_RUN, "--theta-sft", "100", cwd=tmp_path)
+    line = one_error_line(proc)
     assert "kept none of its 2 scored trajectories" in line and "selection.theta is 100.0" in line
     assert "--theta-sft" in line
+    assert "it/s" not in proc.stderr and "ep/s" not in proc.stderr  # --no-progress: no bar at all
 
 
 def test_ctrl_c_says_how_to_resume(tmp_path, tiny) -> None:
