@@ -207,4 +207,4 @@ def test_the_console_scripts_are_installed_and_answer_help() -> None:
     for name, proc in procs.items():
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, f"{name} --help exited {proc.returncode}: {out[-2000:]}"
-        assert out.startswith("usage:"), out[:500]
+        assert "usage:" in out, out[:2000]

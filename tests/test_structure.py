@@ -293,9 +293,11 @@ def _configuration_tree() -> set[tuple[str, str]]:
     from optima_env.registry import get_plugin_manager
     from optima_trainers.config import TrainConfig
 
-    roots = [TrainConfig]
-    for specs in get_plugin_manager().hook.optima_register_trainers():
-        roots += [spec.config_class for spec in specs if spec.config_class is not None]
+    roots: list[type] = [TrainConfig]
+    specs = [spec for specs in get_plugin_manager().hook.optima_register_trainers() for spec in specs]
+    names = {spec.name for spec in specs}
+    assert {"isft", "idpo", "isft-dpo"} <= names, f"the built-in trainers did not register (got {names})"
+    roots += [spec.config_class for spec in specs if spec.config_class is not None]
     seen: set[type] = set()
     while roots:
         cls = roots.pop()
