@@ -61,6 +61,7 @@ def test_path_flags_are_one_line_and_leave_no_run(tmp_path) -> None:
         (["--readability-model", "notamodel"], "--readability-model 'notamodel' is a folder but not a model"),
         (["--run-dir", "afile"], "--run-dir 'afile' is a file"),
         (["--data-dir", "missing"], "--data-dir 'missing': expected an existing folder"),
+        (["--resume", "--run-dir", "missing"], "missing is not a run folder (no config.json)"),
         # fails after its folder was made, before the first stage: the folder is removed
         (["--task", "hotpotqa", "--data-dir", "empty", "--run-dir", "runs/x"], "cannot load hotpotqa"),
     ]
