@@ -215,6 +215,13 @@ class TreeSearchConfig:
     """θ_dpo-diff: minimum value gap of a pair."""
     pair_fraction: float = 0.5
     """Pairs kept per tree (the top ones by chosen value)."""
+    min_pair_visits: int = 1
+    """A child with fewer visits (trajectories through it) is no pair side, so that a pair's values
+    are means over that many rollouts, not one conversation's reward; 1: every child (reference)."""
+    pair_task_credit: bool = False
+    """Keep a pair only when its chosen side's task credit (the mean task term of the trajectories
+    through it) exceeds the rejected side's: the DPO counterpart of ``selection.min_task_score``.
+    False: values alone decide (reference). Capped turns follow ``sft.train_capped_turns``."""
 
     def __post_init__(self) -> None:
         for name in ("instances", "normalizer_instances", "selections", "rollouts", "top_k"):
@@ -225,6 +232,7 @@ class TreeSearchConfig:
         check_number("tree.theta_filter", self.theta_filter)
         check_number("tree.theta_diff", self.theta_diff, low=0.0)
         check_number("tree.pair_fraction", self.pair_fraction, low=0.0, high=1.0, low_open=True)
+        check_positive_int("tree.min_pair_visits", self.min_pair_visits)
         for name in ("lambda_token", "lambda_loss"):
             if getattr(self, name) is not None:
                 check_number(f"tree.{name}", getattr(self, name), low=0.0)

@@ -23,7 +23,8 @@ from optima_env.errors import TaskContractError
 from optima_env.rules import AnswerTracker, check_termination
 from optima_env.types import Episode, Turn
 from optima_trainers.config import GenerationConfig, TreeSearchConfig
-from optima_trainers.types import PreferencePair
+from optima_trainers.pairs import candidate_pairs
+from optima_trainers.types import PairCandidate, PreferencePair
 
 __all__ = ["Node", "Tree", "TreeTrajectory", "normalized_edit_distance"]
 
@@ -59,15 +60,21 @@ class Node:
 
     __slots__ = (
         "answer",
+        "capped",
         "children",
         "current_answer",
         "depth",
+        "depth_cuts",
         "ended",
         "id",
         "max_child",
         "min_child",
         "parent",
+        "readability_sum",
+        "scored",
+        "task_sum",
         "text",
+        "token_sum",
         "value",
         "visits",
     )
@@ -90,6 +97,29 @@ class Node:
         self.visits = 0
         self.max_child: Node | None = None
         self.min_child: Node | None = None
+        self.capped = False
+        """This turn ran to the generation cap (``generation.max_new_tokens``, or it ended its
+        episode as ``turn_too_long``): where it stops is the cap's, not the model's."""
+        self.task_sum = 0.0
+        """Sum of the task terms of the trajectories through the node (the scored reward's
+        ``task`` term, or the episode's ``task_score`` when the reward came as a float)."""
+        self.token_sum = 0.0
+        """Sum of the token terms of the ``scored`` trajectories through the node."""
+        self.readability_sum = 0.0
+        """Sum of the readability terms of the ``scored`` trajectories through the node."""
+        self.scored = 0
+        """Trajectories through the node that came with their reward breakdown (``episode.reward``)."""
+        self.depth_cuts = 0
+        """Trajectories through the node that the depth limit cut (``end_reason == "max_turns"``)."""
+
+    @property
+    def task_credit(self) -> float:
+        """The mean task term of the trajectories through the node (0 before any)."""
+        return self.task_sum / self.visits if self.visits else 0.0
+
+    def mean_term(self, name: Literal["token", "readability"]) -> float | None:
+        """The mean ``token`` or ``readability`` term of the scored trajectories (``None``: none)."""
+        return getattr(self, f"{name}_sum") / self.scored if self.scored else None
 
     def update_min_max(self, child: Node) -> None:
         """The reference code's incremental tracking, called after ``child``'s value changed."""
@@ -168,10 +198,16 @@ class Tree:
         self.search = search if search is not None else TreeSearchConfig()
         self.generation = generation if generation is not None else GenerationConfig()
         check_termination(self.generation.termination)
-        for name, allowed in (("pair_rule", ("per_parent", "shared_ancestor")), ("filtered_parents", ("drop", "keep")),
-                              ("minmax", ("exact", "code")), ("edit_distance", ("plus_one", "max_length"))):
+        for name, allowed in (
+            ("pair_rule", ("per_parent", "shared_ancestor")),
+            ("filtered_parents", ("drop", "keep")),
+            ("minmax", ("exact", "code")),
+            ("edit_distance", ("plus_one", "max_length")),
+        ):
             if getattr(self.search, name) not in allowed:
-                raise TaskContractError(f"tree.{name} must be one of {allowed}, got {getattr(self.search, name)!r}")
+                raise TaskContractError(
+                    f"tree.{name} must be one of {allowed}, got {getattr(self.search, name)!r}"
+                )
         self.root = Node(id=0, text="", depth=0, parent=None, answer=None)
         self.nodes: list[Node] = [self.root]
         self.selected: list[Node] = []
@@ -208,15 +244,15 @@ class Tree:
         ]
 
     # -- growth -------------------------------------------------------------------------------------
-    def insert(
-        self, episode: Episode, start: Node, reward: float, *, step: int = 0
-    ) -> Node:
+    def insert(self, episode: Episode, start: Node, reward: float, *, step: int = 0) -> Node:
         """Add a finished trajectory that continued from ``start``; returns its leaf.
 
         The episode's first ``start.depth`` turns must be the texts of ``start``'s path. Each later
         turn goes into an existing child of the current node when ``ed(child, new) / (len(new) + 1)
         < tree.merge_edit_threshold`` (the first such child), else into a new child. ``reward`` is then
-        back-propagated as a running mean along the whole path, root included.
+        back-propagated as a running mean along the whole path, root included, with the episode's
+        task term, reward terms (when ``episode.reward`` holds its breakdown) and depth cut
+        (:attr:`Node.task_credit`, :meth:`Node.mean_term`, :attr:`Node.depth_cuts`).
         """
         expected = self.prefix(start)
         got = [t.text for t in episode.turns[: start.depth]]
@@ -243,11 +279,20 @@ class Tree:
             if child is None:
                 too_long = i == last and episode.end_reason == "turn_too_long"
                 child = self._add_child(node, turn, too_long=too_long)
+                child.capped = too_long or turn.num_tokens >= self.generation.max_new_tokens
             node = child
             visited.append(node)
+        terms = episode.reward
+        task = terms.task if terms is not None else episode.task_score
         for n in reversed(visited):  # leaf to root, as the reference back-propagates
             n.visits += 1
             n.value = (n.value * (n.visits - 1) + reward) / n.visits
+            n.task_sum += task
+            n.depth_cuts += episode.end_reason == "max_turns"
+            if terms is not None:
+                n.scored += 1
+                n.token_sum += terms.token
+                n.readability_sum += terms.readability
             if n.parent is not None:
                 n.parent.update_min_max(n)
         self.trajectories.append(
@@ -297,56 +342,34 @@ class Tree:
             messages.append({"role": role, "content": n.text})
         return messages
 
+    def pair_candidates(
+        self,
+        theta_filter: float | None = None,
+        theta_diff: float | None = None,
+        *,
+        minmax: Literal["exact", "code"] | None = None,
+        train_capped_turns: bool = True,
+    ) -> list[PairCandidate]:
+        """Every pair the pair rule proposes, kept or not, with why it is dropped
+        (:func:`optima_trainers.pairs.candidate_pairs`, which documents the rules); thresholds and
+        ``minmax`` default to :attr:`search`'s."""
+        return candidate_pairs(
+            self, theta_filter, theta_diff, minmax=minmax, train_capped_turns=train_capped_turns
+        )
+
     def pairs(
         self,
         theta_filter: float | None = None,
         theta_diff: float | None = None,
         *,
         minmax: Literal["exact", "code"] | None = None,
+        train_capped_turns: bool = True,
     ) -> list[PreferencePair]:
-        """Preference pairs from the nodes of :meth:`pair_parents` (root included), in creation order.
-
-        ``pair_rule="per_parent"`` (the reference, spec §6.4): at most one pair per node, its
-        max-value child (chosen) against its min-value child (rejected), kept when
-        ``max > theta_filter`` and ``max - min > theta_diff``. ``"shared_ancestor"`` (the paper,
-        §13 item 7): every two children of a node (they share the whole history up to it, which
-        is the pair's prompt), the higher-value one chosen, under the same two thresholds; in
-        child order, the first of two equal values chosen.
-        Thresholds and ``minmax`` default to :attr:`search`'s.
-        """
-        theta_filter = self.search.theta_filter if theta_filter is None else theta_filter
-        theta_diff = self.search.theta_diff if theta_diff is None else theta_diff
-        out = []
-        for node in self.pair_parents():
-            if self.search.pair_rule == "per_parent":
-                best, worst = node.best_and_worst(minmax or self.search.minmax)
-                candidates = [] if best is worst else [(best, worst)]
-            else:
-                kids = node.children
-                candidates = [
-                    (a, b) if a.value >= b.value else (b, a)
-                    for i, a in enumerate(kids)
-                    for b in kids[i + 1 :]
-                ]
-            prompt = tuple(self.prompt_messages(node))
-            for best, worst in candidates:
-                if not (best.value > theta_filter and best.value - worst.value > theta_diff):
-                    continue
-                out.append(
-                    PreferencePair(
-                        prompt=prompt,
-                        chosen=best.text,
-                        rejected=worst.text,
-                        chosen_value=best.value,
-                        rejected_value=worst.value,
-                        task_id=self.task_id,
-                        sample_id=self.sample_id,
-                        instance_index=self.index,
-                        depth=node.depth,
-                        agent=self.speaker(node),
-                    )
-                )
-        return out
+        """The kept pairs of :meth:`pair_candidates` (same arguments), in creation order."""
+        candidates = self.pair_candidates(
+            theta_filter, theta_diff, minmax=minmax, train_capped_turns=train_capped_turns
+        )
+        return [c.pair for c in candidates if c.kept]
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary: the instance, every node (with its parent id) and the selections."""

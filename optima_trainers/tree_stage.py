@@ -83,7 +83,13 @@ def generate_tree_stage(
     import time
 
     from optima_trainers.mcts import MCTSReward, build_trees
-    from optima_trainers.pairs import select_top_pairs
+    from optima_trainers.pairs import (
+        PAIR_DETAILS,
+        append_pair_details,
+        pair_details,
+        prune_pair_details,
+        select_top_pairs,
+    )
 
     gen, tree_cfg = config.generation, config.tree
     started = time.perf_counter()
@@ -120,6 +126,8 @@ def generate_tree_stage(
     per_chunk = max(1, gen.concurrency // max(1, tree_cfg.rollouts))
     trees_path = folder / "trees.jsonl"
     done = finished_chunks(trees_path)
+    prune_pair_details(folder / PAIR_DETAILS, set(done))  # a chunk's records whose trees line never came
+    capped = config.sft.train_capped_turns  # one home: SFT's and the pairs' capped turns
     for number, chunk in enumerate(_chunks(tree_positions, per_chunk)):
         if number in done:
             continue
@@ -136,7 +144,11 @@ def generate_tree_stage(
             keys=chunk,
             progress=progress,
         )
-        record = [_tree_record(t) for t in trees]
+        record = [_tree_record(t, capped) for t in trees]
+        details = pair_details(
+            trees, chunk=number, fraction=tree_cfg.pair_fraction, train_capped_turns=capped
+        )
+        append_pair_details(folder / PAIR_DETAILS, details)
         append_jsonl(trees_path, [{"chunk": number, "trees": record}])
         for tree in trees:
             for trajectory in tree.trajectories:
@@ -149,7 +161,7 @@ def generate_tree_stage(
     on_phase("mcts", started, {})
 
 
-def _tree_record(tree: Any) -> dict[str, Any]:
+def _tree_record(tree: Any, train_capped_turns: bool) -> dict[str, Any]:
     episodes = [t.episode for t in tree.trajectories]
     return {
         "index": tree.index,
@@ -159,7 +171,7 @@ def _tree_record(tree: Any) -> dict[str, Any]:
         "mean_reward": sum(t.reward for t in tree.trajectories) / max(1, len(episodes)),
         "mean_task_score": sum(e.task_score for e in episodes) / max(1, len(episodes)),
         "mean_tokens": sum(e.num_tokens for e in episodes) / max(1, len(episodes)),
-        "pairs": [p.to_dict() for p in tree.pairs()],
+        "pairs": [p.to_dict() for p in tree.pairs(train_capped_turns=train_capped_turns)],
     }
 
 

@@ -20,7 +20,16 @@ from optima_env.io import read_jsonl, write_text_atomic
 from optima_env.types import check_fields
 from optima_trainers.checkpoint import TrainResult
 
-__all__ = ["PreferencePair", "TrainResult", "read_pairs", "write_pairs"]
+__all__ = [
+    "PAIR_REASONS",
+    "PairCandidate",
+    "PairDetail",
+    "PairSide",
+    "PreferencePair",
+    "TrainResult",
+    "read_pairs",
+    "write_pairs",
+]
 
 _ROLES = frozenset({"system", "user", "assistant"})
 
@@ -105,6 +114,129 @@ class PreferencePair:
                 f"not a valid preference pair: {exc!r}; expected the keys {sorted(cls.__slots__)}, "
                 f"got {sorted(data)}"
             ) from exc
+
+
+PAIR_REASONS = ("visits", "theta_filter", "theta_diff", "capped", "depth_cut", "task_credit")
+"""Why a candidate pair is dropped (:meth:`optima_trainers.tree.Tree.pair_candidates`): a side
+with fewer than ``tree.min_pair_visits`` visits; the chosen value not above θ_filter; the gap not
+above θ_diff; the chosen turn ran to the generation cap, or every trajectory through the chosen
+side was cut at the depth limit (both with ``sft.train_capped_turns=False``); the chosen side's
+task credit not above the rejected side's (``tree.pair_task_credit``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PairSide:
+    """One side of a candidate pair: a child node as the back-propagation left it."""
+
+    node: int
+    """The node's id in its tree."""
+    text: str
+    value: float
+    """The mean reward of the trajectories through the node."""
+    visits: int
+    task: float
+    """Task credit: the mean task term of those trajectories."""
+    token: float | None
+    """The mean token term (``None``: no trajectory came with its reward breakdown)."""
+    readability: float | None
+    """The mean readability term (``None`` as :attr:`token`)."""
+    capped: bool
+    """The turn ran to the generation cap."""
+    depth_cuts: int
+    """Trajectories through the node cut at the depth limit."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PairSide:
+        """Rebuild from :meth:`to_dict` output; raises :class:`DataError` on bad input."""
+        check_fields(cls, data)
+        return cls(**{name: data[name] for name in cls.__slots__})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PairCandidate:
+    """A pair the tree's pair rule proposes, its two sides and why it is dropped (if it is)."""
+
+    pair: PreferencePair
+    chosen: PairSide
+    rejected: PairSide
+    reasons: tuple[str, ...]
+    """The rules it fails (:data:`PAIR_REASONS`, in that order); empty: kept."""
+
+    @property
+    def kept(self) -> bool:
+        """No rule drops it."""
+        return not self.reasons
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PairDetail:
+    """One line of a tree stage's ``pairs_detail.jsonl``: a candidate pair, kept or dropped."""
+
+    chunk: int
+    """The tree chunk (line of ``trees.jsonl``) it came from."""
+    sample_id: str
+    instance_index: int
+    depth: int
+    agent: str
+    chosen: PairSide
+    rejected: PairSide
+    reasons: tuple[str, ...]
+    """Why the pair rules drop it (:data:`PAIR_REASONS`); empty: kept by the rules."""
+    selected: bool
+    """In the stage's ``pairs.jsonl`` (kept, and among its tree's top ``tree.pair_fraction``)."""
+
+    @classmethod
+    def of(cls, candidate: PairCandidate, *, chunk: int, selected: bool) -> PairDetail:
+        """The record of ``candidate``."""
+        pair = candidate.pair
+        return cls(
+            chunk=chunk,
+            sample_id=pair.sample_id,
+            instance_index=pair.instance_index,
+            depth=pair.depth,
+            agent=pair.agent,
+            chosen=candidate.chosen,
+            rejected=candidate.rejected,
+            reasons=candidate.reasons,
+            selected=selected,
+        )
+
+    def gap(self) -> dict[str, float | None]:
+        """Chosen minus rejected: the value (``total``) and the mean ``task``, ``token`` and
+        ``readability`` terms (``None`` where a side has no reward breakdown)."""
+        out: dict[str, float | None] = {"total": self.chosen.value - self.rejected.value}
+        for name in ("task", "token", "readability"):
+            a, b = getattr(self.chosen, name), getattr(self.rejected, name)
+            out[name] = None if a is None or b is None else a - b
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, with the derived ``gap`` (read back, it is recomputed)."""
+        out = {name: getattr(self, name) for name in self.__slots__}
+        out |= {
+            "chosen": self.chosen.to_dict(),
+            "rejected": self.rejected.to_dict(),
+            "reasons": list(self.reasons),
+        }
+        return out | {"gap": self.gap()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PairDetail:
+        """Rebuild from :meth:`to_dict` output; raises :class:`DataError` on bad input."""
+        if not isinstance(data, Mapping):
+            raise DataError(f"a pair detail must be a JSON object, got {type(data).__name__}")
+        data = {k: v for k, v in data.items() if k != "gap"}
+        check_fields(cls, data)
+        reasons = tuple(data["reasons"])
+        unknown = [r for r in reasons if r not in PAIR_REASONS]
+        if unknown:
+            raise DataError(f"field 'reasons': unknown {unknown}; expected some of {list(PAIR_REASONS)}")
+        return cls(**{**data, "chosen": PairSide.from_dict(data["chosen"]),
+                      "rejected": PairSide.from_dict(data["rejected"]), "reasons": reasons})  # fmt: skip
 
 
 def write_pairs(path: str | os.PathLike[str], pairs: Iterable[PreferencePair]) -> None:
