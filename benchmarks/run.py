@@ -20,8 +20,10 @@ Writes under ``--out`` (default ``results/<suite>__<model>__<seed>__<time>/``):
   (scaling) ``scaling.png``; ``viewer.html``: the conversations with their reward breakdowns.
 
 Rerunning the same command with the same ``--out`` resumes: finished (method, task, instance,
-sample) units are read back and not generated again. A task whose data is missing is reported as
-``data missing: <reason>`` instead of stopping the run.
+sample) units are read back and not generated again; Ctrl-C prints that command. One process
+writes an ``--out`` at a time (its ``.lock`` names the holder's pid; a second run is refused). A
+task whose data is not there is reported as ``data missing: <reason>`` instead of stopping the
+run; a malformed data file stops it, naming the file, line and field.
 
 Examples::
 
@@ -32,8 +34,9 @@ Examples::
     python -m benchmarks.run --model scripted --episodes 3     # no model: plumbing check
     python -m benchmarks.run --backend openai --base-url http://127.0.0.1:8000/v1 --model NAME
 
-An expected error (bad input, missing data or extra, a failing server) is one line on stderr and
-exit code 2; ``--debug`` prints its traceback too.
+An expected error (a bad flag or path, malformed data, a missing extra, a failing server) is one
+line on stderr and exit code 2, raised before any model loads where it can be; ``--debug`` prints
+its traceback too.
 """
 
 from __future__ import annotations
