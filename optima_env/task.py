@@ -48,9 +48,14 @@ def needs_evidence(task: Task | None, family: str = "") -> bool:
     """Whether ``task`` deals private evidence to its agents: an information-exchange task does
     (its agents must pool what they hold), a debate task does not.
 
+    A task that deals none on purpose (closed-book) sets ``deals_evidence = False``.
+
     >>> needs_evidence(None, "information_exchange"), needs_evidence(None, "debate")
     (True, False)
     """
+    declared = getattr(task, "deals_evidence", None)
+    if isinstance(declared, bool):
+        return declared
     return (getattr(task, "family", None) or family) == "information_exchange"
 
 
@@ -112,6 +117,10 @@ class Task(abc.ABC):
     """Every turn starts with ``"Name:"``; the env adds the prefix when a reply lacks it."""
     num_formats: int = 0
     """Size of the format-diverse prompt pool (spec §4); 0 when the task has none."""
+    deals_evidence: bool | None = None
+    """Whether the views deal private evidence (``AgentView.private``); ``None``: information
+    exchange does, debate does not (:func:`needs_evidence`). ``False`` for a closed-book variant,
+    whose baselines then rightly see only the question."""
     metric: ClassVar[str | None] = None
     """What :meth:`score` measures, as reports name it (``"F1"``, ``"accuracy"``, ``"exact match"``);
     ``None``: the family's usual metric (see :func:`metric_name`)."""

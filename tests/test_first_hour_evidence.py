@@ -74,3 +74,15 @@ def test_a_task_that_hides_its_evidence_fails_the_checks_and_the_baselines(tmp_p
         played = method.play_task(task)
         with pytest.raises(TaskContractError, match="declares no evidence"):
             played.views(played.samples("test")[0], rng=random.Random(0))
+
+
+def test_a_closed_book_task_opts_out_of_the_evidence_check(tmp_path) -> None:
+    code = readme_plugin_code().replace(", private=(clue,)", "")
+    pm = install(code, tmp_path, "optima_task_readme_closed_book")
+    task = make_task("riddles/mira-v0", pm=pm)
+    task.deals_evidence = False  # a closed-book variant: its baselines rightly see the question only
+    assert "evidence" not in check_task(task, api_cycles=3).checks
+    (method,) = build_methods(["cot"], {}, PlaySettings(max_turns=4, max_new_tokens=16))
+    played = method.play_task(task)
+    (view,) = played.views(played.samples("test")[0], rng=random.Random(0)).values()
+    assert view.private == ()
