@@ -10,15 +10,11 @@ Configuration
     ``optima_configure``
 Rollout (episode events)
     ``optima_episode_start``, ``optima_episode_end``
-Training (fired by the host loop, :class:`optima_trainers.loop.IterativeTrainer`)
-    ``optima_iteration_start``, ``optima_iteration_end``, ``optima_select_training_data``,
-    ``optima_episode_scored``, ``optima_generation_end``
-Trainer backends (answered by the run's backend, which the host registers for the run)
-    ``optima_trainer_stages``, ``optima_train_stage``
 
-Payload types of the training hooks live in :mod:`optima_trainers.stages` (``Stage``,
-``StageData``, ``StageOutcome``); they are annotated ``Any`` here because ``optima_env`` does not
-import ``optima_trainers``.
+The training events (``optima_iteration_start``, ``optima_iteration_end``,
+``optima_select_training_data``, ``optima_episode_scored``, ``optima_generation_end``) are typed
+hookspecs of the trainers package (:mod:`optima_trainers.hookspecs`), which its host adds to the
+run's plugin manager; they use the same ``hookimpl`` marker.
 """
 
 from __future__ import annotations
@@ -43,17 +39,10 @@ __all__ = [
     "hookspec",
     "optima_configure",
     "optima_episode_end",
-    "optima_episode_scored",
     "optima_episode_start",
-    "optima_generation_end",
-    "optima_iteration_end",
-    "optima_iteration_start",
     "optima_register_readability_scorers",
     "optima_register_tasks",
     "optima_register_trainers",
-    "optima_select_training_data",
-    "optima_train_stage",
-    "optima_trainer_stages",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -122,77 +111,4 @@ def optima_episode_end(episode: Episode) -> None:
     when the env was built with ``scoring=False``, as the trainers build it: their rewards depend
     on the whole instance group, so they score afterwards and fire ``optima_episode_scored``.
     The return value is ignored.
-    """
-
-
-# ---------------------------------------------------------------------------------------------
-# Training: fired by the trainer loop.
-# ---------------------------------------------------------------------------------------------
-
-
-@hookspec
-def optima_iteration_start(iteration: int, config: Mapping[str, Any]) -> None:
-    """Called by the iterative trainer loop before generating the data of ``iteration``."""
-
-
-@hookspec
-def optima_iteration_end(iteration: int, metrics: Mapping[str, float]) -> None:
-    """Called by the iterative trainer loop after ``iteration`` has trained, with its metrics."""
-
-
-@hookspec(firstresult=True)
-def optima_select_training_data(
-    episodes: Sequence[Episode], trainer: str, config: Mapping[str, Any]
-) -> list[Episode] | None:
-    """Choose the training episodes of one iteration.
-
-    Stops at the first non-``None`` result; the built-in selection (spec §5) is registered
-    ``trylast``, so a plugin returning a list overrides it and one returning ``None`` defers.
-    """
-
-
-@hookspec
-def optima_episode_scored(episode: Episode, stage: Any) -> None:
-    """Called by the trainer loop once per scored episode, with the reward that ranks it.
-
-    ``episode.reward`` is the run's reward (its ``RewardConfig``, the group or tree normalizer and
-    the frozen model's readability term): exactly what selection or the tree search used.
-    ``stage`` is the :class:`optima_trainers.stages.Stage`. Fired when the episode is scored, not
-    again when a resumed run reads the scores back. The return value is ignored.
-    """
-
-
-@hookspec
-def optima_generation_end(stage: Any, data: Any) -> None:
-    """Called by the trainer loop when a stage's data is ready, before the stage trains.
-
-    ``data`` is an :class:`optima_trainers.stages.StageData`: every scored episode, the selected
-    ones (sampled stages) and the preference pairs (tree stages), read back from the stage folder.
-    Fired on every process that trains, and again when a resumed run trains a stage generated
-    before the interruption, so a backend can keep its state in memory. Return value ignored.
-    """
-
-
-# ---------------------------------------------------------------------------------------------
-# Trainer backends: answered by the run's backend only (the host registers it for the run).
-# ---------------------------------------------------------------------------------------------
-
-
-@hookspec(firstresult=True)
-def optima_trainer_stages(config: Any) -> list[Any] | None:
-    """Return the stages of a run (a list of :class:`optima_trainers.stages.Stage`), in order.
-
-    ``config`` is the run's :class:`optima_trainers.config.TrainConfig`. Stops at the first
-    non-``None`` result.
-    """
-
-
-@hookspec(firstresult=True)
-def optima_train_stage(stage: Any, start_model: str, output_dir: Any) -> Any:
-    """Train one stage from ``start_model`` into ``output_dir`` on the data delivered by
-    ``optima_generation_end``; return an :class:`optima_trainers.stages.StageOutcome`.
-
-    ``output_dir`` must appear complete or not at all (:func:`optima_trainers.checkpoint.atomic_checkpoint`).
-    The host skips the call when a complete checkpoint is already there (a resumed run). Stops at
-    the first non-``None`` result; ``None`` from every plugin is an error.
     """

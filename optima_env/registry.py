@@ -45,6 +45,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "optima"
+HOOKSPEC_GROUP = "optima.hookspecs"
+"""Entry points naming further hookspec modules (added before the plugins register)."""
 _ID_PATTERN = TASK_ID_PATTERN
 
 
@@ -68,6 +70,7 @@ def get_plugin_manager(*, autoload: bool | None = None, strict: bool | None = No
     if strict is None:
         strict = os.environ.get("OPTIMA_STRICT_PLUGINS", "") not in ("", "0")
     if autoload:
+        _add_hookspec_modules(pm, strict=strict)
         _load_entry_points(pm, ENTRY_POINT_GROUP, strict=strict)
     pm.check_pending()
     if os.environ.get("OPTIMA_TRACE_PLUGINS"):
@@ -78,6 +81,23 @@ def get_plugin_manager(*, autoload: bool | None = None, strict: bool | None = No
 
 _WARNED_ENTRY_POINTS: set[tuple[str, str]] = set()
 """(entry point, error) pairs already warned about: one warning per process, not per manager."""
+
+
+def _add_hookspec_modules(pm: pluggy.PluginManager, *, strict: bool) -> None:
+    """Add the hookspec modules other packages declare in the ``optima.hookspecs`` entry-point
+    group (the trainers' typed training events, :mod:`optima_trainers.hookspecs`), before any plugin
+    registers: a plugin implementing them is then checked like any other (a typo still fails it),
+    and optima_env imports no other package of its own."""
+    import importlib.metadata
+
+    for ep in importlib.metadata.entry_points(group=HOOKSPEC_GROUP):
+        try:
+            pm.add_hookspecs(ep.load())
+        except Exception as exc:  # a broken package must not break every command
+            message = f"optima hookspecs entry point '{ep.name} = {ep.value}' failed to load: {exc}"
+            if strict:
+                raise PluginError(message) from exc
+            logger.warning("%s; skipping it", message)
 
 
 def _load_entry_points(pm: pluggy.PluginManager, group: str, *, strict: bool) -> None:

@@ -81,16 +81,15 @@ class TrainerSpec:
     """A registered trainer backend (``isft``, ``idpo``, ``isft-dpo`` for the built-ins).
 
     The host loop (:class:`optima_trainers.loop.IterativeTrainer`) builds the backend with
-    ``factory(config)``, registers it on the run's plugin manager, and from then on delivers the
-    data of every stage through the trainer hooks (see :mod:`optima_env.hookspecs`); the backend
-    answers ``optima_trainer_stages`` (what to generate) and ``optima_train_stage`` (train and
-    return what it trained).
+    ``factory(config)`` and calls it: ``backend.stages(config)`` (what to generate) and, for each
+    stage, ``backend.train(data, context)`` (train and return what it trained); the contract is
+    :class:`optima_trainers.backends.TrainerBackend`.
     """
 
     name: str
     """What ``--trainer`` takes: lower case, digits, ``-`` and ``_``."""
     factory: Callable[..., Any]
-    """``factory(config) -> backend``: the backend object, a pluggy plugin (hookimpl methods)."""
+    """``factory(config) -> backend``: an :class:`optima_trainers.backends.TrainerBackend`."""
     description: str = ""
     """One line shown by ``--help``."""
     config_class: type | None = None

@@ -1,11 +1,14 @@
-"""Trainer backends: the contract (:class:`TrainerBackend`) and the three built-in ones.
+"""Trainer backends: the contract (:class:`TrainerBackend`, :class:`StageContext`) and the three
+built-in ones.
 
-A backend is a pluggy plugin object built by its :class:`~optima_env.specs.TrainerSpec`'s
-factory. The host loop (:class:`~optima_trainers.loop.IterativeTrainer`) registers it on the run's
-plugin manager, asks it for the run's stages (``optima_trainer_stages``), generates, scores,
-selects and persists each stage's data itself, delivers it through ``optima_generation_end`` and
-asks the backend to train (``optima_train_stage``). Generation, scoring and resume stay in the
-host, so a backend only says what to generate and how to train on it.
+A backend is built by its :class:`~optima_env.specs.TrainerSpec`'s factory (discovery stays the
+``optima_register_trainers`` hook). The host loop (:class:`~optima_trainers.loop.IterativeTrainer`)
+holds it and calls it: :meth:`TrainerBackend.stages` once per run, then for each stage, after
+generating, scoring, selecting and persisting the stage's data itself,
+:meth:`TrainerBackend.train` with that data and one :class:`StageContext`. Generation, scoring and
+resume stay in the host, so a backend only says what to generate and how to train on it. The host
+also registers the backend on the run's plugin manager, so a backend may observe the training
+events (:mod:`optima_trainers.hookspecs`) like any plugin.
 
 Built in (registered by :mod:`optima_trainers.plugin`, like a third party's):
 
@@ -20,12 +23,15 @@ Built in (registered by :mod:`optima_trainers.plugin`, like a third party's):
 
 from __future__ import annotations
 
+import abc
 import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from optima_env.errors import PluginError, require
-from optima_env.hookspecs import hookimpl
+from optima_env.errors import require
+from optima_env.task import Task
 from optima_trainers.config import TrainConfig
 from optima_trainers.stages import Stage, StageData, StageOutcome
 
@@ -33,6 +39,7 @@ __all__ = [
     "IDPOBackend",
     "ISFTBackend",
     "ISFTDPOBackend",
+    "StageContext",
     "TrainerBackend",
     "sft_stages",
     "train_dpo_stage",
@@ -42,53 +49,58 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class TrainerBackend:
-    """Base class of trainer backends: keeps the data the host delivers, stage by stage.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageContext:
+    """What the host hands a backend to train one stage, besides the stage's data."""
 
-    Subclasses set :attr:`name` and implement :meth:`stages` and :meth:`train`. The hook
-    implementations below route the host's calls to them; a backend may implement more hooks
-    (for instance ``optima_episode_scored`` to see every episode as it is scored).
+    config: TrainConfig
+    """The run's configuration."""
+    task: Task
+    """The run's task (built once by the host, with ``config.task_kwargs``)."""
+    stage: Stage
+    """The stage to train."""
+    start_model: str
+    """The model the stage trains from (the previous stage's result, or the base model)."""
+    base_model: str
+    """The run's starting model, resolved to a folder (the frozen readability model by default)."""
+    output_dir: Path
+    """Where the checkpoint goes; it must appear complete or not at all
+    (:func:`optima_trainers.checkpoint.atomic_checkpoint`). The host does not call
+    :meth:`TrainerBackend.train` when a complete checkpoint is already there (a resumed run)."""
+    events: Any
+    """The run's hook relay (``pm.hook``): an online backend fires
+    ``events.optima_episode_scored(episode=..., stage=...)`` for the conversations it plays."""
+    load_policy: Callable[[str], Any]
+    """A :class:`~optima_env.policy.ChatPolicy` of a model folder with the run's generation backend
+    and sizes (``config.generation``)."""
+    readability: Callable[[], Callable[[Sequence[str]], Sequence[float]]]
+    """The frozen base model's per-turn LM loss (``readability_scorer``), loaded on first call and
+    shared with the host's scoring (one copy per run)."""
+
+
+class TrainerBackend(abc.ABC):
+    """The trainer-backend contract: a backend declares its stages and trains one stage at a time.
+
+    Subclasses set :attr:`name` and implement :meth:`stages` and :meth:`train`; the host calls
+    them directly. A backend keeps no host state: everything a stage needs comes with the call.
     """
 
     name: ClassVar[str] = ""
     """The registered name (``--trainer``)."""
     config: TrainConfig
-    """The run's configuration."""
-    data: dict[str, StageData]
-    """Stage name -> what the host delivered for it (``optima_generation_end``)."""
-    pm: Any
-    """The run's plugin manager (set by the host after building the backend; an online backend
-    fires ``optima_episode_scored`` on it for the conversations it plays)."""
+    """The run's configuration (as the factory received it)."""
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
-        self.data = {}
-        self.pm = None
 
+    @abc.abstractmethod
     def stages(self, config: TrainConfig) -> list[Stage]:
-        """The stages of a run, in order."""
-        raise NotImplementedError
+        """The stages of a run, in order (names unique; the host validates them)."""
 
-    def train(self, stage: Stage, data: StageData, start_model: str, output_dir: Path) -> StageOutcome:
-        """Train ``stage`` from ``start_model`` on ``data``; write the checkpoint to ``output_dir``."""
-        raise NotImplementedError
-
-    @hookimpl
-    def optima_trainer_stages(self, config: TrainConfig) -> list[Stage]:
-        return self.stages(config)
-
-    @hookimpl
-    def optima_generation_end(self, stage: Stage, data: StageData) -> None:
-        self.data[stage.name] = data
-
-    @hookimpl
-    def optima_train_stage(self, stage: Stage, start_model: str, output_dir: Any) -> StageOutcome:
-        if stage.name not in self.data:
-            raise PluginError(
-                f"backend {self.name!r} was asked to train stage {stage.name!r} but received no data "
-                "for it (optima_generation_end was not delivered); is the host loop up to date?"
-            )
-        return self.train(stage, self.data[stage.name], start_model, Path(output_dir))
+    @abc.abstractmethod
+    def train(self, data: StageData, context: StageContext) -> StageOutcome:
+        """Train ``context.stage`` from ``context.start_model`` on ``data`` (what the host generated
+        and persisted for it); write the checkpoint to ``context.output_dir``."""
 
 
 def sft_stages(config: TrainConfig, count: int, *, start: int = 0, suffix: str = "") -> list[Stage]:
@@ -110,12 +122,13 @@ def sft_stages(config: TrainConfig, count: int, *, start: int = 0, suffix: str =
     return out
 
 
-def train_sft_stage(config: TrainConfig, data: StageData, start_model: str, output_dir: Path) -> StageOutcome:
-    """SFT on the selected trajectories (both agents' views, own turns unmasked; spec §5 items 5-7)."""
+def train_sft_stage(data: StageData, context: StageContext) -> StageOutcome:
+    """SFT on ``data.selected`` (both agents' views, own turns unmasked; spec §5 items 5-7)."""
     from optima_trainers.sft import train_sft
     from optima_trainers.sft_data import build_sft_examples
 
     transformers = require("transformers", "train")
+    config, start_model = context.config, context.start_model
     tokenizer = transformers.AutoTokenizer.from_pretrained(start_model)
     examples, counts = build_sft_examples(
         data.selected,
@@ -145,7 +158,7 @@ def train_sft_stage(config: TrainConfig, data: StageData, start_model: str, outp
         examples=examples[held_out:],
         eval_examples=examples[:held_out],
         config=config.sft,
-        output_dir=output_dir,
+        output_dir=context.output_dir,
         logging_dir=data.folder / "trainer",
         seed=config.seed,
         dtype=config.dtype,
@@ -154,10 +167,12 @@ def train_sft_stage(config: TrainConfig, data: StageData, start_model: str, outp
     return StageOutcome(result=result, metrics=metrics)
 
 
-def train_dpo_stage(config: TrainConfig, data: StageData, start_model: str, output_dir: Path) -> StageOutcome:
-    """DPO (RPO with ``dpo.rpo_alpha``) from ``start_model``, also the reference, on the kept pairs."""
+def train_dpo_stage(data: StageData, context: StageContext) -> StageOutcome:
+    """DPO (RPO with ``dpo.rpo_alpha``) from ``context.start_model``, also the reference, on
+    ``data.pairs``."""
     from optima_trainers.dpo import train_dpo
 
+    config = context.config
     fixed = set(config.generation.agent_models)  # a pair at a fixed role's turn does not train
     pairs = [p for p in data.pairs if p.agent not in fixed]
     if not pairs:
@@ -166,10 +181,10 @@ def train_dpo_stage(config: TrainConfig, data: StageData, start_model: str, outp
         )
         return StageOutcome(result=None)
     result = train_dpo(
-        model_path=start_model,
+        model_path=context.start_model,
         pairs=pairs,
         config=config.dpo,
-        output_dir=output_dir,
+        output_dir=context.output_dir,
         report_to=config.report_to,
         trainer_dir=data.folder / "trainer",
         seed=config.seed,
@@ -178,10 +193,10 @@ def train_dpo_stage(config: TrainConfig, data: StageData, start_model: str, outp
 
 
 class _BuiltinBackend(TrainerBackend):
-    def train(self, stage: Stage, data: StageData, start_model: str, output_dir: Path) -> StageOutcome:
-        if stage.generate == "samples":
-            return train_sft_stage(self.config, data, start_model, output_dir)
-        return train_dpo_stage(self.config, data, start_model, output_dir)
+    def train(self, data: StageData, context: StageContext) -> StageOutcome:
+        if context.stage.generate == "samples":
+            return train_sft_stage(data, context)
+        return train_dpo_stage(data, context)
 
 
 class ISFTBackend(_BuiltinBackend):

@@ -2,11 +2,11 @@
 
 :class:`TrainConfig` holds the run (task, trainer, model, seed, iterations, ...) and its sections::
 
-    generation  GenerationConfig   how conversations are sampled (sizes, caps, temperatures, backend)
+    generation  GenerationConfig   how conversations are sampled (optima_trainers.sections)
     reward      RewardConfig       the run's reward (optima_env.reward): sampled stages and, derived, trees
     selection   SelectionConfig    iSFT data selection (optima_trainers.selection)
     sft         SFTTrainConfig     SFT stages (optima_trainers.sft)
-    tree        TreeSearchConfig   tree-search stages: normalizer, MCTS, pair rules (its reward derives
+    tree        TreeSearchConfig   tree search (optima_trainers.sections): normalizer, MCTS, pairs (its reward derives
                                    from ``reward``: :meth:`TreeSearchConfig.reward_of`)
     dpo         DPOTrainConfig     DPO stages (optima_trainers.dpo)
     options     (a mapping)        a third-party backend's own options (its ``config_class``)
@@ -37,16 +37,14 @@ Every leaf has a dotted name (``reward.lambda_token``, ``dpo.beta``) for presets
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from optima_env.configtree import (
     ConfigError,
     apply,
-    check_number,
     check_positive_int,
     from_dict,
     leaves,
@@ -55,6 +53,7 @@ from optima_env.configtree import (
 from optima_env.reward import RewardConfig
 from optima_trainers.dpo import DPOTrainConfig
 from optima_trainers.presets import FIDELITY_PRESETS, PROFILES, REWARD_PRESETS
+from optima_trainers.sections import GenerationConfig, TreeSearchConfig
 from optima_trainers.selection import SelectionConfig
 from optima_trainers.sft import SFTTrainConfig
 
@@ -71,185 +70,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEBATE = "debate"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GenerationConfig:
-    """How the host samples conversations (every stage; the tree search takes its caps from here)."""
-
-    instances: int = 8
-    """Training instances per sampled stage (``sample_count``); the cursor continues and wraps."""
-    num_samples: int = 4
-    """Conversations sampled per instance (N, ``explore_count``)."""
-    max_turns: int = 10
-    """Turns per conversation (and the tree search's depth)."""
-    max_new_tokens: int = 256
-    """Generation cap of one turn in tokens."""
-    temperature: float = 0.7
-    """Sampling temperature after the initialization (and of the tree search)."""
-    init_temperature: float = 0.3
-    """Sampling temperature of the initialization (0.3 IE/ARC/MMLU, 0.7 GSM8K/MATH; spec §4)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    diverse_init: bool = True
-    """The initialization samples with the format-diverse prompt pool (when the task has one)."""
-    backend: Literal["hf", "vllm", "ct2"] = "hf"
-    """Generation backend: transformers, vLLM, or CTranslate2 (the fast CPU engine)."""
-    compute_type: Literal["int8", "int8_float32", "float32"] = "int8"
-    """CTranslate2's weight type (``backend="ct2"`` only; int8 is the CPU default)."""
-    concurrency: int = 32
-    """Conversations in flight (the generation batch size)."""
-    vllm_tensor_parallel_size: int = 1
-    """``backend="vllm"``: GPUs one engine shards the model over (vLLM's ``tensor_parallel_size``)."""
-    vllm_data_parallel_size: int = 1
-    """``backend="vllm"``: engine replicas (``data_parallel_size``); vLLM's offline engine takes 1
-    only (one rank per process), so more is refused with what to do instead (README "Scaling out")."""
-    vllm_gpu_memory_utilization: float = 0.9
-    """``backend="vllm"``: share of each GPU's memory vLLM may take (on CPUs: of host memory)."""
-    stop_at_speaker_tags: bool = False
-    """Cut a turn where it starts writing an agent's ``"Name:"`` tag. The reference code does not
-    (it penalizes impersonation afterwards); the cpu profile does, because a 135M model speaks for
-    its partner in most turns, and the -10 penalty would leave nothing to select."""
-    message_format: Literal["code", "alternating"] = "code"
-    """Roles of the turns in prompts and training examples (``code``: all ``assistant``)."""
-    termination: Literal["repeat", "all_agents"] = "repeat"
-    """When a conversation ends by agreement (spec §13 item 12): the same answer twice in a row
-    among answer-bearing turns (``repeat``, the reference) or every agent's latest answer the
-    same (``all_agents``, the paper)."""
-    agent_models: Mapping[str, str] = field(default_factory=dict)
-    """Roles that speak with a fixed model and do not train, e.g. ``{"Bob": "embedded"}`` (agent ->
-    ``embedded``, a Hugging Face name, a folder or a checkpoint). The other roles speak with the
-    model being trained, and only their turns train (SFT examples, DPO pairs)."""
-
-    def __post_init__(self) -> None:
-        for name in ("instances", "num_samples", "max_turns", "max_new_tokens", "concurrency"):
-            check_positive_int(f"generation.{name}", getattr(self, name))
-        for name in ("temperature", "init_temperature"):
-            check_number(f"generation.{name}", getattr(self, name), low=0.0)
-        check_number("generation.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
-        for name in ("vllm_tensor_parallel_size", "vllm_data_parallel_size"):
-            check_positive_int(f"generation.{name}", getattr(self, name))
-        check_number(
-            "generation.vllm_gpu_memory_utilization",
-            self.vllm_gpu_memory_utilization,
-            low=0.0,
-            high=1.0,
-            low_open=True,
-        )
-
-    def stops(self, agents: Sequence[str]) -> tuple[str, ...]:
-        """Stop strings of every generated turn, sampled or tree (the agents' ``"Name:"`` tags when
-        :attr:`stop_at_speaker_tags`, else none)."""
-        from optima_env.policy import speaker_stops
-
-        return speaker_stops(agents) if self.stop_at_speaker_tags else ()
-
-    def policy_options(self) -> dict[str, Any]:
-        """The backend's own keyword arguments for :func:`optima_env.backends.loading.load_policy`
-        (``vllm``: its scale switches; the other backends take none from here)."""
-        if self.backend != "vllm":
-            return {}
-        return {
-            "tensor_parallel_size": self.vllm_tensor_parallel_size,
-            "data_parallel_size": self.vllm_data_parallel_size,
-            "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
-        }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TreeSearchConfig:
-    """Tree-search stages (spec §6): the token normalizer, the MCTS turn trees and the pair rules;
-    the one declaration of these settings, read by the CLI, :func:`optima_trainers.mcts.build_trees`
-    and :class:`optima_trainers.tree.Tree` alike. Sampling caps, temperature, depth (``max_turns``),
-    termination and message format come from ``generation``; the reward from ``reward``
-    (:meth:`reward_of`)."""
-
-    instances: int = 10000
-    """Instances (one tree each) per stage (``monte_sample_count``)."""
-    normalizer_instances: int = 100
-    """Fresh instances played once each to set the token normalizer (spec §6.3)."""
-    normalizer: Literal["percentile", "instance_max"] = "percentile"
-    """The tree reward's token normalizer (spec §13 item 3): the constant percentile of fresh
-    conversations (``percentile``, the reference) or the per-instance max over the tree's rollouts
-    so far (``instance_max``, the paper; no normalizer conversations are played)."""
-    normalizer_percentile: float = 85.0
-    """Percentile of their token counts, plus 1 (iDPO 85, iSFT-DPO 80)."""
-    normalizer_rounding: Literal["int", "float"] = "int"
-    """``int``: ``int(percentile) + 1`` as the reference computes it; ``float``: unrounded + 1."""
-    selections: int = 8
-    """Select-simulate-back-propagate rounds per tree."""
-    rollouts: int = 3
-    """Conversations played from each selected node."""
-    top_k: int = 10
-    """Candidates (by value) the softmax selection samples from."""
-    select_edit_threshold: float = 0.25
-    """A candidate this close to an already selected node (``ed / (max len + 1)``) is dropped."""
-    merge_edit_threshold: float = 0.1
-    """A new turn this close to an existing sibling (``ed / (len(new) + 1)``) is merged into it."""
-    edit_distance: Literal["plus_one", "max_length"] = "plus_one"
-    """Edit-distance normalization (spec §13 item 8): the reference's ``+ 1`` forms above, or the
-    paper's division by the longer length (both the filter and the merge)."""
-    depth_cut: Literal["error", "last_answer"] = "error"
-    """A rollout cut at the depth limit without agreement: final answer ``"error"`` (the reference,
-    scored by the task), or its current answer."""
-    filtered_parents: Literal["drop", "keep"] = "drop"
-    """A node the selection's similarity filter removed is never a pair parent unless it was
-    selected (``drop``, the reference), or stays one (``keep``)."""
-    minmax: Literal["exact", "code"] = "code"
-    """How pairs pick the max/min-value child: as tracked during back-propagation (``code``, the
-    reference; can be stale) or recomputed from the final values (``exact``)."""
-    pair_rule: Literal["per_parent", "shared_ancestor"] = "per_parent"
-    """Pairs (spec §13 item 7): each node's best vs worst child (``per_parent``, the reference), or
-    every two children of a node, which share its whole history (``shared_ancestor``, the paper)."""
-    lambda_token: float | None = None
-    """The tree reward's own λ_token, where a recipe gives the tree search a weight other than the
-    run's (spec §6.5 Table 8: ARC-C's iDPO trees use 0.4 where its iSFT initialization uses 0.5).
-    ``None`` (the default): ``reward.lambda_token``. Setting ``reward.lambda_token`` yourself (a
-    ``--set``, a flag or ``overrides``) also clears a recipe's value here, so that your weight
-    reaches every reward of the run; set both to keep them apart."""
-    lambda_loss: float | None = None
-    """The tree reward's own λ_loss (as :attr:`lambda_token`); ``None``: ``reward.lambda_loss``."""
-    theta_filter: float = 0.4
-    """θ_dpo-filter: minimum value of the chosen node."""
-    theta_diff: float = 0.2
-    """θ_dpo-diff: minimum value gap of a pair."""
-    pair_fraction: float = 0.5
-    """Pairs kept per tree (the top ones by chosen value)."""
-    min_pair_visits: int = 1
-    """A child with fewer visits (trajectories through it) is no pair side, so that a pair's values
-    are means over that many rollouts, not one conversation's reward; 1: every child (reference)."""
-    pair_task_credit: bool = False
-    """Keep a pair only when its chosen side's task credit (the mean task term of the trajectories
-    through it) exceeds the rejected side's: the DPO counterpart of ``selection.min_task_score``.
-    False: values alone decide (reference). Capped turns follow ``sft.train_capped_turns``."""
-
-    def __post_init__(self) -> None:
-        for name in ("instances", "normalizer_instances", "selections", "rollouts", "top_k"):
-            check_positive_int(f"tree.{name}", getattr(self, name))
-        check_number("tree.normalizer_percentile", self.normalizer_percentile, low=0.0, high=100.0)
-        for name in ("select_edit_threshold", "merge_edit_threshold"):
-            check_number(f"tree.{name}", getattr(self, name), low=0.0)
-        check_number("tree.theta_filter", self.theta_filter)
-        check_number("tree.theta_diff", self.theta_diff, low=0.0)
-        check_number("tree.pair_fraction", self.pair_fraction, low=0.0, high=1.0, low_open=True)
-        check_positive_int("tree.min_pair_visits", self.min_pair_visits)
-        for name in ("lambda_token", "lambda_loss"):
-            if getattr(self, name) is not None:
-                check_number(f"tree.{name}", getattr(self, name), low=0.0)
-
-    def reward_of(self, run: RewardConfig) -> RewardConfig:
-        """The reward of tree trajectories, derived from the run's reward ``run``: the same weights
-        and special cases, except that an impersonating turn zeroes the task term
-        (``impersonation="mcts"``, the reference's tree-search scoring, spec §3) where the run's
-        reward subtracts 10 (``"sft"``), and this section's weights where they are set. The token
-        normalizer is the tree stage's (:attr:`normalizer`)."""
-        changes: dict[str, Any] = {}
-        if run.impersonation == "sft":
-            changes["impersonation"] = "mcts"
-        for name in ("lambda_token", "lambda_loss"):
-            if getattr(self, name) is not None:
-                changes[name] = getattr(self, name)
-        return dataclasses.replace(run, **changes) if changes else run
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -455,8 +275,8 @@ def resolve_config(
         PROFILES[profile],
         dict(trainer.profiles.get(profile, {})),
     ]
-    user = {**given, **{k: v for k, v in run.items() if v is not None}}
-    layers += [given, {k: v for k, v in run.items() if v is not None}, _user_reward_reaches_trees(layers, user)]
+    explicit = {k: v for k, v in run.items() if v is not None}
+    layers += [given, explicit, _user_reward_reaches_trees(layers, {**given, **explicit})]
     config = TrainConfig(
         task=task.id, trainer=trainer.name, preset=preset, profile=profile, family=task.family
     )

@@ -18,13 +18,10 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from optima_env.errors import TaskContractError, require
-from optima_env.policy import SamplingParams, speaker_stops
-from optima_env.registry import make_task
-from optima_trainers.backends import TrainerBackend
+from optima_env.policy import SamplingParams
+from optima_trainers.backends import StageContext, TrainerBackend
 from optima_trainers.checkpoint import TrainResult, atomic_checkpoint, require_complete
 from optima_trainers.config import TrainConfig
 from optima_trainers.stages import Stage, StageData, StageOutcome
@@ -78,26 +75,27 @@ class GRPOBackend(TrainerBackend):
             for i in range(config.iterations)
         ]
 
-    def train(self, stage: Stage, data: StageData, start_model: str, output_dir: Path) -> StageOutcome:
-        return train_grpo_stage(self.config, data, start_model, output_dir, pm=self.pm)
+    def train(self, data: StageData, context: StageContext) -> StageOutcome:
+        return train_grpo_stage(data, context)
 
 
-def train_grpo_stage(
-    config: TrainConfig, data: StageData, start_model: str, output_dir: Path, *, pm: Any = None
-) -> StageOutcome:
-    """One GRPO stage on ``data.instances`` from ``start_model``; the merged model goes to ``output_dir``."""
+def train_grpo_stage(data: StageData, context: StageContext) -> StageOutcome:
+    """One GRPO stage on ``data.instances`` from ``context.start_model``; the merged model goes to
+    ``context.output_dir``. Readability comes from the host's frozen scorer (one copy per run), and
+    every conversation played is reported through ``optima_episode_scored``."""
     torch = require("torch", "train")
     transformers = require("transformers", "train")
     trl = require("trl", "train")
     datasets = require("datasets", "train")
     from optima_env.backends.loading import load_policy
-    from optima_trainers.generation import episode_summary, load_readability_scorer
+    from optima_trainers.generation import episode_summary
     from optima_trainers.integrations.trl import OptimaRollout, grpo_prompts, reward_functions
     from optima_trainers.sft import check_report_to, lora_config, world_size
 
+    config, task = context.config, context.task
+    start_model, output_dir = context.start_model, context.output_dir
     options = GRPOOptions(**config.options)
     gen = config.generation
-    task = make_task(config.task, pm=pm, **dict(config.task_kwargs))
     trained = list(options.train_agents or task.agents)
     frozen_agents = [a for a in task.agents if a not in trained]
     prompts = grpo_prompts(task, data.instances, trained)
@@ -120,16 +118,16 @@ def train_grpo_stage(
             top_p=gen.top_p,
             max_new_tokens=gen.max_new_tokens,
             seed=config.seed,
-            stop=speaker_stops(task.agents) if gen.stop_at_speaker_tags else (),
+            stop=gen.stops(task.agents),
         ),
         reward=config.reward,
-        readability=load_readability_scorer(config, pm) if pm is not None else None,
+        readability=context.readability(),
         frozen=frozen,
         seed=config.seed,
         max_turns=gen.max_turns,
         message_format=gen.message_format,
         env_kwargs={"split": config.split},
-        on_scored=(lambda e: pm.hook.optima_episode_scored(episode=e, stage=data.stage)) if pm else None,
+        on_scored=lambda e: context.events.optima_episode_scored(episode=e, stage=context.stage),
         max_completion_length=config.sft.max_length,
     )
     per_step = options.prompts_per_step * gen.num_samples

@@ -1,8 +1,8 @@
 """The host loop: generate → score → select → deliver to the backend → train → next model.
 
 :class:`IterativeTrainer` runs any registered trainer backend (:mod:`optima_trainers.backends`)
-the same way. It registers the backend on the run's plugin manager, asks it for the stages
-(``optima_trainer_stages``), and for each stage not finished yet:
+the same way: it holds the backend and calls it (the contract: :class:`~optima_trainers.backends.
+TrainerBackend`), asks it for the stages (``backend.stages``), and for each stage not finished yet:
 
 * generates with the current model: ``samples`` stages play N conversations on each of the next
   ``generation.instances`` training instances (the cursor continues across stages and wraps; the
@@ -10,12 +10,16 @@ the same way. It registers the backend on the run's plugin manager, asks it for 
   stages set the token normalizer and grow the MCTS trees (:mod:`optima_trainers.tree_stage`);
 * scores in one place with the run's rewards: ``config.reward`` per instance group (per-instance
   max normalizer, spec §3) with the frozen base model's readability, or ``config.tree_reward``
-  (derived from ``config.reward``) with the tree normalizer; fires ``optima_episode_scored`` for every scored episode;
+  (derived from ``config.reward``) with the tree normalizer; fires ``optima_episode_scored`` for
+  every scored episode;
 * selects (samples stages) through ``optima_select_training_data`` (built in:
   :func:`optima_trainers.selection.select_isft`);
-* delivers the stage's data, read back from the stage folder, through ``optima_generation_end``
-  and asks the backend to train (``optima_train_stage``), from the base model or the previous one
-  as the stage says.
+* reads the stage's data back from the stage folder, fires ``optima_generation_end`` with it,
+  and calls ``backend.train(data, context)`` (a :class:`~optima_trainers.backends.StageContext`),
+  from the base model or the previous one as the stage says.
+
+The training events are typed hookspecs of :mod:`optima_trainers.hookspecs`, added to the run's
+plugin manager here; the backend is registered on it for the run, so it may observe them too.
 
 Every phase's output is on disk before the next starts (:mod:`optima_trainers.runs`), so a killed
 run resumes where it stopped with the same data as an uninterrupted one. Under ``accelerate
@@ -44,10 +48,12 @@ from optima_env.models import resolve_model_path
 from optima_env.policy import PerAgentPolicy
 from optima_env.registry import get_plugin_manager, make_task, trainer_specs
 from optima_env.types import Episode
+from optima_trainers.backends import StageContext, TrainerBackend
 from optima_trainers.checkpoint import discard_partial, is_complete, require_complete, train_metrics
 from optima_trainers.config import TrainConfig, check_options
 from optima_trainers.faults import fault_point
 from optima_trainers.generation import load_readability_scorer
+from optima_trainers.hookspecs import add_trainer_hookspecs
 from optima_trainers.runs import RunDir, read_instances, read_stage_result, wait_for
 from optima_trainers.sample_stage import generate_sample_stage, read_sample_stage, select_through_hook
 from optima_trainers.stages import Stage, StageData, StageOutcome, stage_seed
@@ -61,6 +67,7 @@ logger = logging.getLogger(__name__)
 def _builtin_plugin(pm: pluggy.PluginManager) -> None:
     from optima_trainers import plugin
 
+    add_trainer_hookspecs(pm)
     if not pm.is_registered(plugin) and pm.get_plugin("optima_trainers") is None:
         pm.register(plugin, name="optima_trainers")
 
@@ -74,7 +81,13 @@ def _backend(config: TrainConfig, pm: pluggy.PluginManager) -> tuple[Any, Any]:
         )
     spec = specs[config.trainer]
     check_options(config, spec)
-    return spec, spec.factory(config)
+    backend = spec.factory(config)
+    if not isinstance(backend, TrainerBackend):
+        raise PluginError(
+            f"trainer {config.trainer!r}: its factory returned {type(backend).__name__}, expected an "
+            "optima_trainers.backends.TrainerBackend (subclass it and implement stages() and train())"
+        )
+    return spec, backend
 
 
 def plan_stages(config: TrainConfig, pm: pluggy.PluginManager | None = None) -> list[Stage]:
@@ -118,7 +131,6 @@ class IterativeTrainer:
         self.pm = pm or get_plugin_manager()
         _builtin_plugin(self.pm)
         self.spec, self.backend = _backend(config, self.pm)
-        self.backend.pm = self.pm  # an online backend fires the episode hooks itself
         self.progress = progress
         self.task = make_task(config.task, pm=self.pm, **dict(config.task_kwargs))
         unknown = set(config.generation.agent_models) - set(self.task.agents)
@@ -151,15 +163,15 @@ class IterativeTrainer:
                 tracker.close()
 
     def stages(self) -> list[Stage]:
-        """The run's stages, as the backend declares them (``optima_trainer_stages``)."""
+        """The run's stages, as the backend declares them (``backend.stages``)."""
         with self._registered():
             return self._stages()
 
     def _stages(self) -> list[Stage]:
-        stages = self.pm.hook.optima_trainer_stages(config=self.config)
+        stages = self.backend.stages(self.config)
         if not stages or not all(isinstance(s, Stage) for s in stages):
             raise PluginError(
-                f"trainer {self.config.trainer!r}: optima_trainer_stages must return a non-empty list of "
+                f"trainer {self.config.trainer!r}: stages() must return a non-empty list of "
                 f"optima_trainers.stages.Stage, got {stages!r}"
             )
         if len({s.name for s in stages}) != len(stages):
@@ -202,7 +214,7 @@ class IterativeTrainer:
         data = self._deliver(stage, folder)
         start = self.base_model if stage.start == "base" else model
         started = time.perf_counter()
-        outcome = self._train(stage, start, folder)
+        outcome = self._train(stage, start, folder, data)
         self._phase(stage, "train", started)
         metrics = {
             "iteration": float(stage.number),
@@ -229,22 +241,33 @@ class IterativeTrainer:
                 )
                 wait_for(wanted, done)
                 if not done.is_file():
-                    self._deliver(stage, folder)
-                    self._train(stage, self.base_model if stage.start == "base" else model, folder)
+                    data = self._deliver(stage, folder)
+                    self._train(stage, self.base_model if stage.start == "base" else model, folder, data)
                 wait_for(done)
             model = self.run_dir.model_path(read_stage_result(done)["model"])
         return self.run_dir.metrics()
 
-    def _train(self, stage: Stage, start_model: str, folder: Path) -> StageOutcome:
+    def _train(self, stage: Stage, start_model: str, folder: Path, data: StageData) -> StageOutcome:
         checkpoint = folder / "checkpoint"
         if is_complete(checkpoint):
             return StageOutcome(result=require_complete(checkpoint))
         if _rank() == 0:  # only the main process writes (and cleans) the run folder
             discard_partial(checkpoint)
-        outcome = self.pm.hook.optima_train_stage(stage=stage, start_model=start_model, output_dir=checkpoint)
+        context = StageContext(
+            config=self.config,
+            task=self.task,
+            stage=stage,
+            start_model=start_model,
+            base_model=self.base_model,
+            output_dir=checkpoint,
+            events=self.pm.hook,
+            load_policy=self._load,
+            readability=lambda: self.scorer,
+        )
+        outcome = self.backend.train(data, context)
         if not isinstance(outcome, StageOutcome):
             raise PluginError(
-                f"trainer {self.config.trainer!r}: optima_train_stage must return an "
+                f"trainer {self.config.trainer!r}: train() must return an "
                 f"optima_trainers.stages.StageOutcome, got {outcome!r}"
             )
         return outcome

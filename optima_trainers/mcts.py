@@ -57,9 +57,9 @@ from optima_env.rollout import job_seed
 from optima_env.rules import checked_score
 from optima_env.task import Task
 from optima_env.types import Episode
-from optima_trainers.config import GenerationConfig, TreeSearchConfig
 from optima_trainers.mcts_async import Expansion, ExpansionScheduler
 from optima_trainers.mcts_reward import MCTSReward, estimate_token_normalizer
+from optima_trainers.sections import GenerationConfig, TreeSearchConfig
 from optima_trainers.selection import draw_sample_id
 from optima_trainers.tree import Node, Tree, TreeTrajectory, normalized_edit_distance
 

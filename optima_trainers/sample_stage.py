@@ -123,7 +123,9 @@ def _mean(values: Sequence[float]) -> float:
 
 def select_through_hook(pm: Any, stage: str, scored: Sequence[Episode], config: TrainConfig) -> list[Episode]:
     """The ``optima_select_training_data`` hook's choice among a stage's scored episodes."""
-    chosen = pm.hook.optima_select_training_data(
+    from optima_trainers.hookspecs import add_trainer_hookspecs
+
+    chosen = add_trainer_hookspecs(pm).hook.optima_select_training_data(
         episodes=list(scored),
         trainer=config.trainer,
         config={**config.selection.to_dict(), "stage": stage, "task": config.task},

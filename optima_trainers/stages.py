@@ -4,8 +4,8 @@ A run is a list of :class:`Stage` s that the backend declares. For each stage th
 (``generate="samples"``: N conversations per instance, scored per instance group and selected;
 ``"tree"``: the token normalizer, the MCTS turn trees, their preference pairs; ``"none"``: only the
 stage's instances, for a backend that generates online), persists the
-result, and delivers it as a :class:`StageData` through the ``optima_generation_end`` hook; the
-backend trains and answers ``optima_train_stage`` with a :class:`StageOutcome`.
+result, and hands it as a :class:`StageData` to ``backend.train`` (and to the
+``optima_generation_end`` event); the backend returns a :class:`StageOutcome`.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ import editdistance
 from optima_env.errors import TaskContractError
 from optima_env.rules import AnswerTracker, check_termination
 from optima_env.types import Episode, Turn
-from optima_trainers.config import GenerationConfig, TreeSearchConfig
 from optima_trainers.pairs import candidate_pairs
+from optima_trainers.sections import GenerationConfig, TreeSearchConfig
 from optima_trainers.types import PairCandidate, PreferencePair
 
 __all__ = ["Node", "Tree", "TreeTrajectory", "normalized_edit_distance"]

@@ -200,11 +200,11 @@ def test_hook_optima_select_training_data(idpo_run) -> None:
     assert idpo_run[2].selections == ["iter_00"]  # only sampled stages select
 
 
-def test_hook_optima_trainer_stages(idpo_run) -> None:
+def test_the_run_plays_the_stages_its_backend_declares(idpo_run) -> None:
     _, config, _, metrics = idpo_run
     from optima_trainers.backends import IDPOBackend
 
-    stages = IDPOBackend(config).optima_trainer_stages(config=config)  # what the run asked for
+    stages = IDPOBackend(config).stages(config)  # what the run asked for
     assert [(s.name, s.generate, s.start) for s in stages] == [
         ("iter_00", "samples", "base"),
         ("iter_01", "tree", "previous"),
@@ -212,7 +212,7 @@ def test_hook_optima_trainer_stages(idpo_run) -> None:
     assert [m["stage"] for m in metrics] == [s.name for s in stages]
 
 
-def test_hook_optima_train_stage(idpo_run) -> None:
+def test_the_backend_trained_each_stage_from_the_model_it_names(idpo_run) -> None:
     """The built-in backend trained each stage from the model the stage names and returned it."""
     run, _, _, metrics = idpo_run
     results = [json.loads((run / s / "result.json").read_text()) for s in ("iter_00", "iter_01")]

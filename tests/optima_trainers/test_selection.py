@@ -8,6 +8,7 @@ from optima_env import get_plugin_manager, hookimpl
 from optima_env.errors import DataError, TaskContractError
 from optima_env.types import Episode, RewardBreakdown
 from optima_trainers import plugin
+from optima_trainers.hookspecs import add_trainer_hookspecs
 from optima_trainers.selection import SelectionConfig, best_per_instance, select_isft
 
 
@@ -131,7 +132,7 @@ class DeferPlugin:
 
 
 def test_hook_builtin_is_trylast_and_can_be_overridden() -> None:
-    pm = get_plugin_manager(autoload=False)
+    pm = add_trainer_hookspecs(get_plugin_manager(autoload=False))  # as the trainer host does
     pm.register(plugin)
     config = SelectionConfig(theta=0.6).to_dict()
     assert ids(pm.hook.optima_select_training_data(episodes=EPISODES, trainer="isft", config=config)) == list(

@@ -1,9 +1,9 @@
 """Best-of-N rejection-sampling fine-tuning (RFT) as a third-party optima trainer backend.
 
 An example of the trainer-backend contract (``optima_trainers.backends.TrainerBackend``): it
-declares its name and its own options (:class:`RFTConfig`), lets the host generate and score N
-conversations per instance each stage, receives them through the ``optima_generation_end`` hook
-(the base class keeps them), and trains SFT on the correct ones only: per instance, the
+declares its name, its own options (:class:`RFTConfig`) and its stages; the host generates and
+scores N conversations per instance each stage and calls ``train(data, context)`` with them; it
+trains SFT on the correct ones only: per instance, the
 conversations whose task score reaches ``min_task_score``, best reward first, at most
 ``per_instance`` of them (rejection sampling, as in RFT / ReST; no reward threshold, no top 70%).
 
@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
-
 from optima_env import TrainerSpec, hookimpl
-from optima_trainers.backends import TrainerBackend, sft_stages, train_sft_stage
+from optima_trainers.backends import StageContext, TrainerBackend, sft_stages, train_sft_stage
 from optima_trainers.stages import Stage, StageData, StageOutcome
 
 
@@ -47,8 +45,8 @@ class RFTBackend(TrainerBackend):
     def stages(self, config) -> list[Stage]:
         return sft_stages(config, config.iterations)
 
-    def train(self, stage: Stage, data: StageData, start_model: str, output_dir: Path) -> StageOutcome:
-        options = RFTConfig(**self.config.options)
+    def train(self, data: StageData, context: StageContext) -> StageOutcome:
+        options = RFTConfig(**context.config.options)
         ranked = sorted(data.episodes, key=lambda e: e.reward.total, reverse=True)
         kept, per_instance = [], {}
         for episode in ranked:
@@ -58,9 +56,7 @@ class RFTBackend(TrainerBackend):
             ):
                 per_instance[episode.sample_id] = per_instance.get(episode.sample_id, 0) + 1
                 kept.append(episode)
-        outcome = train_sft_stage(
-            self.config, dataclasses.replace(data, selected=tuple(kept)), start_model, output_dir
-        )
+        outcome = train_sft_stage(dataclasses.replace(data, selected=tuple(kept)), context)
         return StageOutcome(
             result=outcome.result, metrics={**outcome.metrics, "rft/accepted": float(len(kept))}
         )
