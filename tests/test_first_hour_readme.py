@@ -22,9 +22,11 @@ def readme_code(section: str, contains: str) -> str:
     return blocks[0]
 
 
-def shrunk(code: str, replacements: dict[str, str]) -> str:
+def shrunk(code: str, replacements: dict[str, str], *, twice: tuple[str, ...] = ()) -> str:
+    """``code`` with each ``old`` replaced; each must occur once (those in ``twice``: twice)."""
     for old, new in replacements.items():
-        assert code.count(old) == 1, f"{old!r} is not once in the README snippet"
+        expected = 2 if old in twice else 1
+        assert code.count(old) == expected, f"{old!r} is not {expected}x in the README snippet"
         code = code.replace(old, new)
     return code
 
@@ -58,7 +60,10 @@ def test_the_grpo_snippet_trains_offline_with_readability(tmp_path) -> None:
             'output_dir="grpo",': 'output_dir="grpo", max_steps=1, save_strategy="no", use_cpu=True,',
             "max_new_tokens=64": "max_new_tokens=8",
             "max_turns=4": "max_turns=2",
+            "num_generations=4": "num_generations=2",  # the rollout's and GRPO's
+            "per_device_train_batch_size=8": "per_device_train_batch_size=2",
         },
+        twice=("num_generations=4",),
     )
     assert 'load_model("embedded")' in code and "readability=TransformersLMLoss" in code
     code += (
