@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from optima_env.errors import DataError, TaskContractError, require
 from optima_env.io import write_json_atomic
@@ -51,6 +51,11 @@ class DPOTrainConfig:
     """DPO β (per task: spec §6 and §7 tables)."""
     rpo_alpha: float | None = 1.0
     """Weight of the NLL term (RPO): 1.0 for iDPO; ``None`` for plain DPO (iSFT-DPO)."""
+    rpo_scope: Literal["all", "credited"] = "all"
+    """Which chosen turns the NLL term trains: every pair's (``all``, TRL's ``sft`` term and the
+    reference's RPO), or only those of pairs whose chosen side has task credit > 0 (``credited``:
+    the tree stage then writes each pair's ``chosen_task``; see
+    :func:`~optima_trainers.dpo_metrics.split_loss_trainer`). Beyond the reference (issue 31)."""
     learning_rate: float = 5e-7
     """Peak learning rate (reference: 5e-7, full fine-tuning)."""
     epochs: float = 1.0
@@ -92,6 +97,8 @@ class DPOTrainConfig:
     def __post_init__(self) -> None:
         if not self.beta > 0:
             raise TaskContractError(f"beta must be > 0, got {self.beta!r}")
+        if self.rpo_scope not in ("all", "credited"):
+            raise TaskContractError(f"dpo.rpo_scope must be 'all' or 'credited', got {self.rpo_scope!r}")
         if self.rpo_alpha is not None and not self.rpo_alpha >= 0:
             raise TaskContractError(f"rpo_alpha must be None (plain DPO) or >= 0, got {self.rpo_alpha!r}")
         for name in ("batch_size", "per_device_batch_size", "max_length", "lora_r", "logging_steps"):
@@ -131,8 +138,8 @@ def dpo_args(
     trl = require("trl", "train")
     per_device = min(config.per_device_batch_size, config.batch_size)
     accumulation = max(1, math.ceil(config.batch_size / (per_device * world_size())))
-    if config.rpo_alpha is None:
-        losses: dict[str, Any] = {"loss_type": ["sigmoid"]}
+    if config.rpo_alpha is None or config.rpo_scope == "credited":  # credited: the NLL is added by
+        losses: dict[str, Any] = {"loss_type": ["sigmoid"]}  # split_loss_trainer, per pair
     else:
         losses = {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, float(config.rpo_alpha)]}
     return trl.DPOConfig(
@@ -255,7 +262,8 @@ def train_dpo(
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    data = pairs_to_dpo_dataset(pairs, train_fraction=config.train_fraction)
+    credited = config.rpo_scope == "credited" and config.rpo_alpha is not None
+    data = pairs_to_dpo_dataset(pairs, train_fraction=config.train_fraction, credited=credited)
     train_rows = [r for r in data.train if _prompt_tokens(tokenizer, r["prompt"]) < config.max_length]
     eval_rows = [r for r in data.eval if _prompt_tokens(tokenizer, r["prompt"]) < config.max_length]
     dropped = len(data.train) + len(data.eval) - len(train_rows) - len(eval_rows)
@@ -277,7 +285,7 @@ def train_dpo(
         Path(trainer_dir) if trainer_dir is not None else output_dir.with_name(output_dir.name + ".trainer")
     )
     evaluate = config.evaluate and bool(eval_rows)
-    trainer = split_loss_trainer()(
+    trainer = split_loss_trainer(credited_alpha=float(config.rpo_alpha) if credited else None)(
         model=model,
         ref_model=ref_model,
         args=dpo_args(config, output_dir=trainer_dir, report_to=report_to, seed=seed, evaluate=evaluate),

@@ -34,8 +34,9 @@ DPO_METRICS = (
 ``loss/dpo`` / ``loss/nll`` from :func:`split_loss_trainer`)."""
 
 
-def split_loss_trainer() -> Any:
-    """TRL's ``DPOTrainer``, plus the loss split into its DPO and NLL parts.
+def split_loss_trainer(credited_alpha: float | None = None) -> Any:
+    """TRL's ``DPOTrainer``, plus the loss split into its DPO and NLL parts (and, with
+    ``credited_alpha``, the NLL term on task-credited pairs only).
 
     TRL 1.16 logs, per logging step (and as ``eval_*`` when evaluating), ``rewards/chosen``,
     ``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies``, ``logps/chosen``,
@@ -49,6 +50,13 @@ def split_loss_trainer() -> Any:
       over the chosen completions' tokens of the batch), from the log-probabilities of the same
       forward pass (no extra forward); logged in plain DPO too, where it is not in the loss;
     * ``loss/dpo``: the loss minus the weighted NLL term, i.e. the sigmoid DPO term.
+
+    ``credited_alpha`` (``dpo.rpo_scope="credited"``): TRL's ``sft`` term is one mean over every
+    chosen token of the batch and cannot leave pairs out, so TRL runs plain DPO and this subclass
+    adds ``credited_alpha`` times the mean NLL over the chosen tokens of the pairs whose
+    ``nll_weight`` column is 1 (chosen side with task credit > 0; 0 when a batch has none). The
+    column is kept through TRL's column filter and collated beside TRL's batch; ``loss/nll`` is then
+    that credited NLL, the term in the loss.
     """
     trl = require("trl", "train")
 
@@ -68,15 +76,35 @@ def split_loss_trainer() -> Any:
             return getattr(self.model, name)
 
     class SplitLossDPOTrainer(trl.DPOTrainer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if credited_alpha is not None:
+                self.data_collator = _WithNLLWeights(self.data_collator)
+
+        def _set_signature_columns_if_needed(self) -> None:
+            super()._set_signature_columns_if_needed()
+            if credited_alpha is not None and "nll_weight" not in self._signature_columns:
+                self._signature_columns = [*self._signature_columns, "nll_weight"]
+
         def _compute_loss(self, model: Any, inputs: Any, return_outputs: bool) -> Any:
+            weights = inputs.get("nll_weight")
+            inputs = {k: v for k, v in inputs.items() if k != "nll_weight"}  # not a model input
             policy = _Policy(model)
             result = super()._compute_loss(policy, inputs, return_outputs)
             loss = result[0] if return_outputs else result
             mask = inputs["completion_mask"][..., 1:]
-            log_probs = policy.output.log_probs[:, -mask.size(1) :].detach()
+            log_probs = policy.output.log_probs[:, -mask.size(1) :]
             chosen_mask = mask.chunk(2, dim=0)[0].bool()
-            nll = -log_probs.chunk(2, dim=0)[0][chosen_mask].mean()
-            weight = sum(w for t, w in zip(self.loss_types, self.loss_weights, strict=True) if t == "sft")
+            chosen_log_probs = log_probs.chunk(2, dim=0)[0]
+            if credited_alpha is None:
+                nll = -chosen_log_probs.detach()[chosen_mask].mean()
+                weight = sum(w for t, w in zip(self.loss_types, self.loss_weights, strict=True) if t == "sft")
+            else:  # the NLL over the credited pairs' chosen tokens, added to TRL's plain DPO loss
+                token_weights = chosen_mask * weights.to(chosen_log_probs.dtype).unsqueeze(1)
+                nll_grad = -(chosen_log_probs * token_weights).sum() / token_weights.sum().clamp(min=1.0)
+                loss = loss + credited_alpha * nll_grad
+                result = (loss, result[1]) if return_outputs else loss
+                nll, weight = nll_grad.detach(), credited_alpha
             mode = "train" if self.model.training else "eval"
             gather = self.accelerator.gather_for_metrics
             self._metrics[mode]["loss/nll"].append(gather(nll).mean().item())
@@ -84,6 +112,19 @@ def split_loss_trainer() -> Any:
             return result
 
     return SplitLossDPOTrainer
+
+
+class _WithNLLWeights:
+    """TRL's preference collator, plus the rows' ``nll_weight`` as a float tensor of the batch."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        torch = require("torch", "train")
+        batch = self.inner(examples)
+        batch["nll_weight"] = torch.tensor([float(e["nll_weight"]) for e in examples])
+        return batch
 
 
 def numbers(record: Mapping[str, Any]) -> dict[str, float]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from optima_env.errors import TaskContractError
+from optima_env.errors import DataError, TaskContractError
 from optima_env.io import append_jsonl, read_jsonl, read_text, write_text_atomic
 from optima_trainers.types import PairCandidate, PairDetail, PairSide, PreferencePair
 
@@ -187,13 +187,16 @@ class DPODataset:
     eval: list[dict[str, Any]]
 
 
-def pairs_to_dpo_dataset(pairs: Sequence[PreferencePair], *, train_fraction: float = 0.9) -> DPODataset:
+def pairs_to_dpo_dataset(
+    pairs: Sequence[PreferencePair], *, train_fraction: float = 0.9, credited: bool = False
+) -> DPODataset:
     """TRL rows, the first ``int(train_fraction * n)`` (at least one) for training, the rest for
     evaluation, in the given order (the reference does not shuffle).
 
     Each row is ``{"prompt": [system, turn, ...], "chosen": [{"role": "assistant", "content": ...}],
     "rejected": [...]}``: the prompt is everything but the last message, the completions the single
-    next turn (spec §6.4).
+    next turn (spec §6.4). With ``credited`` (``dpo.rpo_scope="credited"``) each row also has
+    ``nll_weight``: 1.0 when the pair's chosen side has task credit (``chosen_task > 0``), else 0.0.
     """
     if not 0 < train_fraction <= 1:
         raise TaskContractError(f"train_fraction must lie in (0, 1], got {train_fraction!r}")
@@ -205,6 +208,14 @@ def pairs_to_dpo_dataset(pairs: Sequence[PreferencePair], *, train_fraction: flo
         }
         for p in pairs
     ]
+    if credited:
+        missing = sum(p.chosen_task is None for p in pairs)
+        if missing:
+            raise DataError(
+                f"{missing} of {len(pairs)} pairs carry no chosen_task, which dpo.rpo_scope='credited' "
+                "needs; regenerate the tree stage with dpo.rpo_scope=credited (it writes them), or use 'all'"
+            )
+        rows = [r | {"nll_weight": float(p.chosen_task > 0)} for r, p in zip(rows, pairs, strict=True)]
     cut = max(1, int(train_fraction * len(rows))) if rows else 0
     return DPODataset(train=rows[:cut], eval=rows[cut:])
 

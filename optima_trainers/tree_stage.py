@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,7 @@ def generate_tree_stage(
             keys=chunk,
             progress=progress,
         )
-        record = [_tree_record(t, capped) for t in trees]
+        record = [_tree_record(t, config) for t in trees]
         details = pair_details(
             trees, chunk=number, fraction=tree_cfg.pair_fraction, train_capped_turns=capped
         )
@@ -161,8 +162,12 @@ def generate_tree_stage(
     on_phase("mcts", started, {})
 
 
-def _tree_record(tree: Any, train_capped_turns: bool) -> dict[str, Any]:
+def _tree_record(tree: Any, config: TrainConfig) -> dict[str, Any]:
+    """A tree's line in ``trees.jsonl``: its trajectories, summary and kept pairs (with the chosen
+    side's task credit only where ``dpo.rpo_scope="credited"`` needs it)."""
     episodes = [t.episode for t in tree.trajectories]
+    candidates = tree.pair_candidates(train_capped_turns=config.sft.train_capped_turns)
+    credited = config.dpo.rpo_scope == "credited"
     return {
         "index": tree.index,
         "sample_id": tree.sample_id,
@@ -171,7 +176,11 @@ def _tree_record(tree: Any, train_capped_turns: bool) -> dict[str, Any]:
         "mean_reward": sum(t.reward for t in tree.trajectories) / max(1, len(episodes)),
         "mean_task_score": sum(e.task_score for e in episodes) / max(1, len(episodes)),
         "mean_tokens": sum(e.num_tokens for e in episodes) / max(1, len(episodes)),
-        "pairs": [p.to_dict() for p in tree.pairs(train_capped_turns=train_capped_turns)],
+        "pairs": [
+            (replace(c.pair, chosen_task=c.chosen.task) if credited else c.pair).to_dict()
+            for c in candidates
+            if c.kept
+        ],
     }
 
 

@@ -55,6 +55,10 @@ class PreferencePair:
     """Turns before the chosen/rejected turn (0: the pair is about the first turn)."""
     agent: str
     """The agent who speaks the chosen/rejected turn."""
+    chosen_task: float | None = None
+    """The chosen side's task credit (the mean task term of the trajectories through it), carried
+    only where ``dpo.rpo_scope="credited"`` needs it: ``None`` otherwise, and then not written, so
+    that a stage's ``pairs.jsonl`` keeps the reference's fields."""
 
     def __post_init__(self) -> None:
         for message in self.prompt:
@@ -88,7 +92,7 @@ class PreferencePair:
             "instance_index": self.instance_index,
             "depth": self.depth,
             "agent": self.agent,
-        }
+        } | ({} if self.chosen_task is None else {"chosen_task": self.chosen_task})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PreferencePair:
@@ -108,6 +112,7 @@ class PreferencePair:
                 instance_index=int(data["instance_index"]),
                 depth=int(data["depth"]),
                 agent=data["agent"],
+                chosen_task=None if data.get("chosen_task") is None else float(data["chosen_task"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(

@@ -286,3 +286,80 @@ def test_the_stage_drops_capped_pairs_under_train_capped_turns_false(tmp_path: P
     assert any(d.chosen.capped for d in b) and any(d.selected for d in a if d.chosen.capped)
     assert not any(d.selected for d in b if d.chosen.capped or d.chosen.depth_cuts == d.chosen.visits)
     assert all("capped" in d.reasons for d in b if d.chosen.capped)
+
+
+# -- dpo.rpo_scope: the NLL term on every chosen turn, or on the task-credited pairs only -----------------
+def credited_pairs(tasks: list[float | None]) -> list:
+    from optima_trainers.types import PreferencePair
+
+    return [
+        PreferencePair(
+            prompt=(
+                {"role": "system", "content": f"You are Bob. Question {i}."},
+                {"role": "assistant", "content": "Alice: hi"},
+            ),
+            chosen="Bob: <A>Paris</A>",
+            rejected=f"Bob: I do not know, maybe far away, number {i}.",
+            chosen_value=0.9,
+            rejected_value=0.1,
+            task_id="t",
+            sample_id=f"s{i}",
+            instance_index=i,
+            depth=1,
+            agent="Bob",
+            chosen_task=task,
+        )
+        for i, task in enumerate(tasks)
+    ]
+
+
+def test_the_credited_nll_scope_trains_the_nll_on_credited_pairs_only(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from optima_trainers.dpo import DPOTrainConfig, train_dpo
+    from optima_trainers.pairs import pairs_to_dpo_dataset
+    from tests.optima_trainers.tiny_model import make_tiny_model
+
+    model = str(make_tiny_model(tmp_path / "start"))
+
+    def losses(name: str, tasks: list[float | None], **config) -> list[dict[str, float]]:
+        settings = DPOTrainConfig.cpu(
+            learning_rate=1e-3, max_length=256, max_steps=2, evaluate=False, **config
+        )
+        result = train_dpo(
+            model_path=model, pairs=credited_pairs(tasks), config=settings, output_dir=tmp_path / name
+        )
+        return [h for h in result.history if "loss" in h]
+
+    every = losses("all", [1.0] * 5, rpo_alpha=1.0)
+    credited_all = losses("credited_all", [1.0] * 5, rpo_alpha=1.0, rpo_scope="credited")
+    for a, b in zip(every, credited_all, strict=True):  # every pair credited: TRL's sft term, step by step
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4) and b["loss/nll"] == pytest.approx(
+            a["loss/nll"], rel=1e-4
+        )
+    plain = losses("plain", [0.0] * 5, rpo_alpha=None)
+    none = losses("credited_none", [0.0] * 5, rpo_alpha=1.0, rpo_scope="credited")
+    for a, b in zip(plain, none, strict=True):  # no pair credited: plain DPO, no NLL term
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4) and b["loss/nll"] == 0.0
+    mixed = losses("credited_mixed", [1.0, 0.0, 0.0, 1.0, 0.5], rpo_alpha=0.5, rpo_scope="credited")
+    assert all(h["loss"] == pytest.approx(h["loss/dpo"] + 0.5 * h["loss/nll"], rel=1e-4) for h in mixed)
+    assert mixed[0]["loss/nll"] > 5  # the first batch: pair 0 credited (a random model's NLL)
+    rows = pairs_to_dpo_dataset(credited_pairs([1.0, 0.0, 0.5]), credited=True)
+    assert [r["nll_weight"] for r in rows.train + rows.eval] == [1.0, 0.0, 1.0]
+    with pytest.raises(DataError, match="carry no chosen_task"):
+        pairs_to_dpo_dataset(credited_pairs([1.0, None]), credited=True)
+
+
+def test_the_stage_writes_the_chosen_task_credit_only_for_the_credited_scope(tmp_path: Path) -> None:
+    run_stage(tmp_path / "all")
+    run_stage(tmp_path / "credited", **{"dpo.rpo_scope": "credited"})
+    assert "chosen_task" not in (tmp_path / "all" / "pairs.jsonl").read_text()
+    plain, credited = (
+        read_pairs(tmp_path / "all" / "pairs.jsonl"),
+        read_pairs(tmp_path / "credited" / "pairs.jsonl"),
+    )
+    assert plain and all(p.chosen_task is None for p in plain)
+    details = [d for d in read_pair_details(tmp_path / "credited" / PAIR_DETAILS) if d.selected]
+    credit = {(d.sample_id, d.depth, d.chosen.text): d.chosen.task for d in details}
+    assert [p.chosen_task for p in credited] == [credit[p.sample_id, p.depth, p.chosen] for p in credited]
+    assert [replace(p, chosen_task=None) for p in credited] == plain
