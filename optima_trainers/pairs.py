@@ -16,14 +16,11 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from optima_env.errors import DataError, TaskContractError
 from optima_env.io import append_jsonl, read_jsonl, read_text, write_text_atomic
 from optima_trainers.types import PairCandidate, PairDetail, PairSide, PreferencePair
-
-if TYPE_CHECKING:
-    from optima_trainers.tree import Node, Tree
 
 __all__ = [
     "PAIR_DETAILS",
@@ -42,9 +39,11 @@ __all__ = [
 PAIR_DETAILS = "pairs_detail.jsonl"
 """A tree stage's record of every candidate pair (:class:`~optima_trainers.types.PairDetail`)."""
 
+# Trees and nodes (optima_trainers.tree) are typed Any here: tree imports this module (one-way).
+
 
 def candidate_pairs(
-    tree: Tree,
+    tree: Any,
     theta_filter: float | None = None,
     theta_diff: float | None = None,
     *,
@@ -112,7 +111,7 @@ def candidate_pairs(
     return out
 
 
-def _proposed(tree: Tree, node: Node, minmax: Literal["exact", "code"]) -> list[tuple[Node, Node]]:
+def _proposed(tree: Any, node: Any, minmax: Literal["exact", "code"]) -> list[tuple[Any, Any]]:
     """(chosen, rejected) children the pair rule proposes at ``node``."""
     kids = node.children
     if tree.search.pair_rule == "shared_ancestor":
@@ -125,7 +124,7 @@ def _proposed(tree: Tree, node: Node, minmax: Literal["exact", "code"]) -> list[
     return [] if best is worst else [(best, worst)]
 
 
-def pair_side(node: Node) -> PairSide:
+def pair_side(node: Any) -> PairSide:
     """A node as a pair side: its value, visits, task credit, mean reward terms and flags."""
     return PairSide(
         node=node.id,
@@ -221,7 +220,7 @@ def pairs_to_dpo_dataset(
 
 
 def pair_details(
-    trees: Sequence[Tree], *, chunk: int, fraction: float, train_capped_turns: bool = True
+    trees: Sequence[Any], *, chunk: int, fraction: float, train_capped_turns: bool = True
 ) -> list[PairDetail]:
     """Every candidate pair of ``trees`` (one chunk of a tree stage), each marked ``selected`` when
     it is among its tree's top ``fraction`` of kept pairs (:func:`select_top_pairs`)."""
