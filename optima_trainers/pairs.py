@@ -67,9 +67,9 @@ def candidate_pairs(
     * ``tree.min_pair_visits``: both sides have that many visits (a value averaged over
       that many rollouts);
     * ``train_capped_turns=False`` (the run's ``sft.train_capped_turns``, one home for both
-      stages): the chosen turn did not run to the generation cap (:attr:`Node.capped`), and
+      stages): the chosen turn did not run to the generation cap (:attr:`~optima_trainers.tree.Node.capped`), and
       not every trajectory through the chosen side was cut at the depth limit;
-    * ``tree.pair_task_credit``: the chosen side's task credit (:attr:`Node.task_credit`)
+    * ``tree.pair_task_credit``: the chosen side's task credit (:attr:`~optima_trainers.tree.Node.task_credit`)
       exceeds the rejected side's.
 
     Thresholds and ``minmax`` default to ``tree.search``'s.
