@@ -27,12 +27,12 @@ import sys
 import time
 from pathlib import Path
 
-from optima_env import RewardConfig, make_task
+from optima_env import EpisodeScorer, RewardConfig, make_task
 from optima_env.io import write_episodes, write_json_atomic, write_text_atomic
 from optima_env.policy import SamplingParams
-from optima_trainers.dpo import DPOTrainConfig, train_dpo
 from optima_trainers.config import GenerationConfig, TreeSearchConfig
-from optima_trainers.mcts import MCTSReward, build_trees, estimate_token_normalizer
+from optima_trainers.dpo import DPOTrainConfig, train_dpo
+from optima_trainers.mcts import build_trees, estimate_token_normalizer
 from optima_trainers.pairs import select_top_pairs
 from optima_trainers.types import write_pairs
 
@@ -108,11 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         theta_filter=args.theta_filter,
         theta_diff=args.theta_diff,
     )
-    reward = MCTSReward(
-        normalizer=normalizer,
+    reward = EpisodeScorer(
         # the tree reward derives from the run's (impersonation zeroes the task term, spec §3)
-        config=search.reward_of(RewardConfig(lambda_token=args.lambda_token, lambda_loss=args.lambda_loss)),
+        search.reward_of(RewardConfig(lambda_token=args.lambda_token, lambda_loss=args.lambda_loss)),
+        normalizer=normalizer,
         readability=readability,
+        cache_turns=True,  # a tree replays its prefix turns: each text is scored once
     )
     first = args.normalizer_instances  # fresh instances: the cursor moves on
     trees = build_trees(

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from optima_env.conversation_env import ConversationEnv
+from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import (
     BackendError,
     ConfigError,
@@ -81,6 +82,7 @@ __all__ = [
     "EnvNotResetError",
     "Episode",
     "EpisodeOverError",
+    "EpisodeScorer",
     "GenerationRequest",
     "MissingDependencyError",
     "OpenAIChatPolicy",

@@ -195,6 +195,11 @@ def train_dpo_stage(data: StageData, context: StageContext) -> StageOutcome:
 class _BuiltinBackend(TrainerBackend):
     def train(self, data: StageData, context: StageContext) -> StageOutcome:
         if context.stage.generate == "samples":
+            if data.episodes and not data.selected:  # iSFT trains on the selection: nothing to learn from
+                from optima_trainers.selection import empty_selection_error
+
+                selection = {**context.config.selection.to_dict(), "stage": context.stage.name}
+                raise empty_selection_error(data.episodes, selection)
             return train_sft_stage(data, context)
         return train_dpo_stage(data, context)
 

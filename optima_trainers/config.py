@@ -6,8 +6,8 @@
     reward      RewardConfig       the run's reward (optima_env.reward): sampled stages and, derived, trees
     selection   SelectionConfig    iSFT data selection (optima_trainers.selection)
     sft         SFTTrainConfig     SFT stages (optima_trainers.sft)
-    tree        TreeSearchConfig   tree search (optima_trainers.sections): normalizer, MCTS, pairs (its reward derives
-                                   from ``reward``: :meth:`TreeSearchConfig.reward_of`)
+    tree        TreeSearchConfig   tree search (optima_trainers.sections): normalizer, MCTS, pairs
+                                   (its reward derives from ``reward``: ``TrainConfig.tree_reward``)
     dpo         DPOTrainConfig     DPO stages (optima_trainers.dpo)
     options     (a mapping)        a third-party backend's own options (its ``config_class``)
 

@@ -21,21 +21,56 @@ from optima_env.configtree import ConfigError
 from optima_env.errors import DataError
 from optima_env.io import append_jsonl, read_episodes, write_episodes
 from optima_env.policy import ChatPolicy, SamplingParams
-from optima_env.readability import episode_lm_losses
 from optima_env.registry import readability_specs
-from optima_env.reward import RewardConfig, score_group
 from optima_env.rollout import RolloutJob, rollout
 from optima_env.task import Task
 from optima_env.types import Episode
 from optima_trainers.faults import fault_point
+from optima_trainers.stages import Stage
 
 __all__ = [
+    "GenerationContext",
     "episode_summary",
     "load_readability_scorer",
     "resumable_rollout",
-    "score_episodes",
-    "with_readability",
 ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationContext:
+    """What the host's stage generators (:mod:`~optima_trainers.sample_stage`,
+    :mod:`~optima_trainers.tree_stage`) need from the run, in one object instead of parameter lists."""
+
+    task: Task
+    """The run's task."""
+    config: Any
+    """The run's :class:`~optima_trainers.config.TrainConfig`."""
+    stage: Stage
+    """The stage being generated."""
+    folder: Path
+    """The stage folder (every phase's output goes there, appended or written atomically)."""
+    seed: int
+    """The stage's seed (:func:`~optima_trainers.stages.stage_seed`)."""
+    num_train: int
+    """Rows of the training split: a cursor position ``p`` plays row ``p % num_train``."""
+    load_policy: Callable[[], ChatPolicy]
+    """The current model's policy (loaded when a phase needs it)."""
+    release: Callable[[ChatPolicy], None]
+    """Frees a policy once its phase is over."""
+    env_kwargs: Callable[..., dict[str, Any]]
+    """``env_kwargs(policy, diverse=False)``: the env options of the run for that policy."""
+    readability: Callable[[], Callable[[Sequence[str]], Sequence[float]]]
+    """The frozen base model's per-turn losses (loaded on first call, once per run)."""
+    events: Any
+    """The run's hook relay: ``optima_episode_scored``, ``optima_select_training_data``."""
+    phase: Callable[[str, float, dict[str, Any]], None]
+    """Records a finished phase (name, start time, extra values) in the run state."""
+    progress: bool = False
+    """Show progress bars."""
+
+    def on_scored(self, episode: Episode) -> None:
+        """Fire ``optima_episode_scored`` for one episode of this stage."""
+        self.events.optima_episode_scored(episode=episode, stage=self.stage)
 
 logger = logging.getLogger(__name__)
 
@@ -106,29 +141,6 @@ def resumable_rollout(
         )
     path.touch()
     return [done[(j.index, j.sample)] for j in jobs]
-
-
-def with_readability(
-    episodes: Sequence[Episode], scorer: Callable[[Sequence[str]], Sequence[float]]
-) -> list[Episode]:
-    """Set ``lm_loss`` (max per-turn loss of the frozen base model), every turn scored in one call."""
-    losses = episode_lm_losses(scorer, [[t.text for t in e.turns] for e in episodes])
-    return [dataclasses.replace(e, lm_loss=loss) for e, loss in zip(episodes, losses)]
-
-
-def score_episodes(
-    episodes: Sequence[Episode], *, config: RewardConfig, normalizer: float | None = None
-) -> list[Episode]:
-    """Rewards per instance group (per-instance max normalizer, or a constant one), input order kept."""
-    groups: dict[str, list[int]] = {}
-    for i, episode in enumerate(episodes):
-        groups.setdefault(episode.sample_id, []).append(i)
-    out: list[Episode | None] = [None] * len(episodes)
-    for positions in groups.values():
-        scored = score_group([episodes[i] for i in positions], config=config, normalizer=normalizer)
-        for i, episode in zip(positions, scored):
-            out[i] = episode
-    return [e for e in out if e is not None]
 
 
 def episode_summary(episodes: Sequence[Episode]) -> dict[str, float]:

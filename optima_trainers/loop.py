@@ -34,7 +34,7 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +47,14 @@ from optima_env.io import write_json_atomic
 from optima_env.models import resolve_model_path
 from optima_env.policy import PerAgentPolicy
 from optima_env.registry import get_plugin_manager, make_task, trainer_specs
-from optima_env.types import Episode
 from optima_trainers.backends import StageContext, TrainerBackend
 from optima_trainers.checkpoint import discard_partial, is_complete, require_complete, train_metrics
 from optima_trainers.config import TrainConfig, check_options
 from optima_trainers.faults import fault_point
-from optima_trainers.generation import load_readability_scorer
+from optima_trainers.generation import GenerationContext, load_readability_scorer
 from optima_trainers.hookspecs import add_trainer_hookspecs
 from optima_trainers.runs import RunDir, read_instances, read_stage_result, wait_for
-from optima_trainers.sample_stage import generate_sample_stage, read_sample_stage, select_through_hook
+from optima_trainers.sample_stage import generate_sample_stage, read_sample_stage
 from optima_trainers.stages import Stage, StageData, StageOutcome, stage_seed
 from optima_trainers.tree_stage import generate_tree_stage, read_tree_stage
 
@@ -325,11 +324,6 @@ class IterativeTrainer:
         gc.collect()
 
     @property
-    def stops(self) -> tuple[str, ...]:
-        """Stop strings of every generated turn (the agents' tags when ``stop_at_speaker_tags``)."""
-        return self.config.generation.stops(self.task.agents)
-
-    @property
     def scorer(self) -> Any:
         """The frozen base model's per-turn LM loss (the registered ``readability_scorer``; loaded
         once, kept for the whole run)."""
@@ -341,60 +335,39 @@ class IterativeTrainer:
         self.run_dir.record_phase(stage.name, phase, time.perf_counter() - started, **extra)
         fault_point("phase")
 
-    def _scored(self, stage: Stage) -> Any:
-        return lambda episode: self.pm.hook.optima_episode_scored(episode=episode, stage=stage)
-
     def _generate(self, stage: Stage, model: str, cursor: int, folder: Path) -> int:
         """Generate (or resume) the stage's data into ``folder``; returns the cursor after it."""
         cfg = self.config
-        seed = stage_seed(cfg.seed, stage.name)
         if stage.generate == "none":  # an online backend: it only needs the stage's instances
             rows = [p % self.num_train for p in self._indices(cursor, cfg.generation.instances)]
             write_json_atomic(folder / "instances.json", rows)
             return cursor + cfg.generation.instances
+        ctx = GenerationContext(
+            task=self.task,
+            config=cfg,
+            stage=stage,
+            folder=folder,
+            seed=stage_seed(cfg.seed, stage.name),
+            num_train=self.num_train,
+            load_policy=lambda: self._policy(model),
+            release=self._release,
+            env_kwargs=self._env_kwargs,
+            readability=lambda: self.scorer,
+            events=self.pm.hook,
+            phase=lambda phase, started, extra: self._phase(stage, phase, started, **extra),
+            progress=self.progress,
+        )
         if stage.generate == "tree":
             tree_start = cursor + cfg.tree.normalizer_instances
             if not (folder / "pairs.jsonl").is_file():
-                policy = self._policy(model)
                 generate_tree_stage(
-                    task=self.task,
-                    policy=policy,
-                    config=cfg,
-                    folder=folder,
-                    seed=seed,
+                    ctx,
                     normalizer_indices=self._indices(cursor, cfg.tree.normalizer_instances),
                     tree_positions=list(range(tree_start, tree_start + cfg.tree.instances)),
-                    num_train=self.num_train,
-                    readability=self.scorer,
-                    env_kwargs=self._env_kwargs(policy),
-                    on_scored=self._scored(stage),
-                    on_phase=lambda phase, started, extra: self._phase(stage, phase, started, **extra),
-                    progress=self.progress,
                 )
-                self._release(policy)
             return tree_start + cfg.tree.instances
-        generate_sample_stage(
-            task=self.task,
-            policy_factory=lambda: self._policy(model),
-            release=self._release,
-            config=cfg,
-            folder=folder,
-            seed=seed,
-            indices=self._indices(cursor, cfg.generation.instances),
-            num_train=self.num_train,
-            init=stage.init,
-            readability=lambda: self.scorer,
-            env_kwargs=self._env_kwargs,
-            stops=self.stops,
-            on_scored=self._scored(stage),
-            select=lambda scored: self._select(stage, scored),
-            on_phase=lambda phase, started, extra: self._phase(stage, phase, started, **extra),
-            progress=self.progress,
-        )
+        generate_sample_stage(ctx, indices=self._indices(cursor, cfg.generation.instances), init=stage.init)
         return cursor + cfg.generation.instances
-
-    def _select(self, stage: Stage, scored: Sequence[Episode]) -> list[Episode]:
-        return select_through_hook(self.pm, stage.name, scored, self.config)
 
     def _deliver(self, stage: Stage, folder: Path) -> StageData:
         """Read the stage's data back from disk and fire ``optima_generation_end`` with it."""

@@ -39,7 +39,7 @@ Where this differs from the reference code (documented deviations):
 Candidates the similarity filter drops are removed for good, as the reference deletes them from its
 node list: never a candidate again, and never a pair parent unless they were selected
 (``filtered_parents="drop"``). The paper's variants (spec §13): ``edit_distance="max_length"``
-(item 8) and ``pair_rule="shared_ancestor"`` (item 7); with ``MCTSReward(normalizer=None)`` the
+(item 8) and ``pair_rule="shared_ancestor"`` (item 7); with ``EpisodeScorer(normalizer="running")`` the
 token normalizer is the per-instance max (item 3).
 """
 
@@ -58,13 +58,12 @@ from optima_env.rules import checked_score
 from optima_env.task import Task
 from optima_env.types import Episode
 from optima_trainers.mcts_async import Expansion, ExpansionScheduler
-from optima_trainers.mcts_reward import MCTSReward, estimate_token_normalizer
+from optima_trainers.mcts_reward import estimate_token_normalizer
 from optima_trainers.sections import GenerationConfig, TreeSearchConfig
 from optima_trainers.selection import draw_sample_id
 from optima_trainers.tree import Node, Tree, TreeTrajectory, normalized_edit_distance
 
 __all__ = [
-    "MCTSReward",
     "Node",
     "Tree",
     "TreeSearchConfig",
@@ -139,9 +138,9 @@ def build_trees(
         task: the task to play.
         policy: the current model (any :class:`~optima_env.policy.ChatPolicy`).
         instance_indices: positions of the instances in ``split`` (one tree each).
-        reward_fn: scores finished episodes: one float each (e.g. an :class:`MCTSReward`: the
-            Optima reward with a constant token normalizer and ``impersonation="mcts"``), or the
-            scored episodes (e.g. ``MCTSReward.score``), which the trees then keep.
+        reward_fn: scores finished episodes: one float each, or the scored episodes, which the
+            trees then keep (e.g. ``EpisodeScorer(config.tree_reward, normalizer=...).score``,
+            :class:`~optima_env.episode_scorer.EpisodeScorer`).
         split: the data split.
         seed: seeds the evidence dealing, the node selection and the sampling (each request's key is
             ``(tree seed, selection step, rollout number, turn)``).

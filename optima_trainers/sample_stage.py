@@ -5,10 +5,12 @@
    draw, with its own job key and sample id, :func:`~optima_trainers.selection.draw_sample_id`),
    appended to ``episodes.jsonl`` as each ends and resumed like any rollout; the initialization
    samples with the format-diverse pool (when the task has one) at ``generation.init_temperature``;
-2. ``score``: the frozen base model's readability and the run's reward (``config.reward``, the
-   per-instance max token normalizer), written atomically to ``scored.jsonl``; every scored
-   episode goes to ``on_scored`` (the ``optima_episode_scored`` hook);
-3. ``select``: the selection hook's choice, written atomically to ``selected.jsonl``.
+2. ``score``: the run's one scorer (:class:`~optima_env.episode_scorer.EpisodeScorer`: the frozen
+   base model's readability, the per-instance max token normalizer, the run's reward
+   ``config.reward``, and the ``optima_episode_scored`` event), written atomically to
+   ``scored.jsonl``;
+3. ``select``: the ``optima_select_training_data`` hook's choice, written atomically to
+   ``selected.jsonl``.
 
 :func:`read_sample_stage` reads the stage's data back for the ``optima_generation_end`` hook.
 """
@@ -16,83 +18,65 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import PluginError
 from optima_env.io import read_episodes, write_episodes
 from optima_env.policy import SamplingParams
 from optima_env.rollout import make_jobs
-from optima_env.task import Task
 from optima_env.types import Episode
 from optima_trainers.config import TrainConfig
-from optima_trainers.generation import episode_summary, resumable_rollout, score_episodes, with_readability
+from optima_trainers.generation import GenerationContext, episode_summary, resumable_rollout
 from optima_trainers.selection import draw_sample_id
 
 __all__ = ["generate_sample_stage", "read_sample_stage", "select_through_hook"]
 
 
-def generate_sample_stage(
-    *,
-    task: Task,
-    policy_factory: Callable[[], Any],
-    release: Callable[[Any], None],
-    config: TrainConfig,
-    folder: Path,
-    seed: int,
-    indices: list[int],
-    init: bool,
-    readability: Callable[[], Any],
-    env_kwargs: Callable[..., dict[str, Any]],
-    stops: tuple[str, ...],
-    on_scored: Callable[[Episode], None],
-    select: Callable[[Sequence[Episode]], list[Episode]],
-    on_phase: Callable[[str, float, dict[str, Any]], None],
-    progress: bool,
-    num_train: int | None = None,
-) -> None:
-    """Run (or resume) the generate, score and select phases of one stage into ``folder``.
+def generate_sample_stage(ctx: GenerationContext, *, indices: list[int], init: bool) -> None:
+    """Run (or resume) the generate, score and select phases of one stage into ``ctx.folder``.
 
-    ``indices`` are cursor positions (``position % num_train`` is the row played; without
-    ``num_train`` they must be row indices of the split)."""
+    ``indices`` are cursor positions (``position % ctx.num_train`` is the row played); ``init``
+    marks the initialization (the format-diverse pool at ``generation.init_temperature``)."""
+    config, task, folder = ctx.config, ctx.task, ctx.folder
     gen = config.generation
-    size = num_train or len(task.samples(config.split))
     scored_path, selected_path = folder / "scored.jsonl", folder / "selected.jsonl"
     if not scored_path.is_file():
         started = time.perf_counter()
-        policy = policy_factory()
+        policy = ctx.load_policy()
         diverse = init and gen.diverse_init and task.num_formats > 0
         episodes = resumable_rollout(
             task,
             policy,
-            jobs=make_jobs(indices, gen.num_samples, seed),
-            reset_options=lambda job: {"index": job.index % size},
+            jobs=make_jobs(indices, gen.num_samples, ctx.seed),
+            reset_options=lambda job: {"index": job.index % ctx.num_train},
             path=folder / "episodes.jsonl",
             sampling=SamplingParams(
                 temperature=gen.init_temperature if init else gen.temperature,
                 top_p=gen.top_p,
                 max_new_tokens=gen.max_new_tokens,
-                seed=seed,
-                stop=stops,
+                seed=ctx.seed,
+                stop=gen.stops(task.agents),
             ),
-            env_kwargs=env_kwargs(policy, diverse=diverse),
+            env_kwargs=ctx.env_kwargs(policy, diverse=diverse),
             concurrency=gen.concurrency,
-            progress=progress,
+            progress=ctx.progress,
         )
-        release(policy)
-        episodes = [_as_drawn(e, size) for e in episodes]
-        on_phase("generate", started, {"cursor": indices[0] if indices else 0})
+        ctx.release(policy)
+        episodes = [_as_drawn(e, ctx.num_train) for e in episodes]
+        ctx.phase("generate", started, {"cursor": indices[0] if indices else 0})
         started = time.perf_counter()
-        scored = score_episodes(with_readability(episodes, readability()), config=config.reward)
-        write_episodes(scored_path, scored)
-        for episode in scored:
-            on_scored(episode)
-        on_phase("score", started, {})
+        # the run's reward, per instance group (spec §3), the scored event once each
+        scorer = EpisodeScorer(config.reward, readability=ctx.readability(), on_scored=ctx.on_scored)
+        write_episodes(scored_path, scorer.score(episodes))
+        ctx.phase("score", started, {})
     if not selected_path.is_file():
         started = time.perf_counter()
-        write_episodes(selected_path, select(read_episodes(scored_path)))
-        on_phase("select", started, {})
+        chosen = select_through_hook(ctx.events, ctx.stage.name, read_episodes(scored_path), config)
+        write_episodes(selected_path, chosen)
+        ctx.phase("select", started, {})
 
 
 def read_sample_stage(folder: Path) -> tuple[list[Episode], list[Episode], dict[str, float]]:
@@ -121,11 +105,12 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
-def select_through_hook(pm: Any, stage: str, scored: Sequence[Episode], config: TrainConfig) -> list[Episode]:
-    """The ``optima_select_training_data`` hook's choice among a stage's scored episodes."""
-    from optima_trainers.hookspecs import add_trainer_hookspecs
-
-    chosen = add_trainer_hookspecs(pm).hook.optima_select_training_data(
+def select_through_hook(
+    events: Any, stage: str, scored: Sequence[Episode], config: TrainConfig
+) -> list[Episode]:
+    """The ``optima_select_training_data`` hook's choice among a stage's scored episodes (``events``:
+    the run's hook relay, ``pm.hook``, with the trainer hookspecs added)."""
+    chosen = events.optima_select_training_data(
         episodes=list(scored),
         trainer=config.trainer,
         config={**config.selection.to_dict(), "stage": stage, "task": config.task},

@@ -31,6 +31,7 @@ __all__ = [
     "SelectionConfig",
     "best_per_instance",
     "draw_sample_id",
+    "empty_selection_error",
     "select_isft",
     "select_training_data",
 ]
@@ -175,19 +176,22 @@ def select_isft(episodes: Sequence[Episode], config: SelectionConfig | None = No
 
 
 def select_training_data(episodes: Sequence[Episode], config: Mapping[str, Any]) -> list[Episode]:
-    """:func:`select_isft` as a training stage uses it (the built-in selection hook): a stage whose
-    selection keeps nothing raises :class:`~optima_env.errors.EmptySelectionError` naming the best
+    """:func:`select_isft` as a training stage uses it (the built-in selection hook; ``config``: the
+    ``selection`` section as a dict, with the stage's name)."""
+    return select_isft(episodes, SelectionConfig.from_mapping(config))
+
+
+def empty_selection_error(episodes: Sequence[Episode], config: Mapping[str, Any]) -> EmptySelectionError:
+    """The error of a stage whose selection kept none of ``episodes``: it names the best
     trajectory's value and the threshold, so the run stops with what to change instead of
-    training on nothing and exiting as if it had worked."""
+    training on nothing and exiting as if it had worked. Raised by the built-in backends, which
+    train on the selection (a backend that chooses its own data, e.g. RFT, is not stopped)."""
     selection = SelectionConfig.from_mapping(config)
-    chosen = select_isft(episodes, selection)
-    if chosen or not episodes:
-        return chosen
     task_threshold = selection.threshold_on == "task"
     best = max(e.task_score if task_threshold else _total(e) for e in episodes)
     tested = "task score (must be > theta)" if task_threshold else "total reward (must be >= theta)"
     extra = f", min_task_score={selection.min_task_score}" if selection.min_task_score is not None else ""
-    raise EmptySelectionError(
+    return EmptySelectionError(
         f"the selection of stage {config.get('stage', '?')!r} kept none of its {len(episodes)} scored "
         f"trajectories: the best {tested} is {best:.4g}, selection.theta is {selection.theta}"
         f"{extra} (keep={list(selection.keep)}); nothing would train. Start a new run with a lower "

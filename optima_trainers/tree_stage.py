@@ -17,21 +17,20 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import DataError
 from optima_env.io import append_jsonl, read_episodes, read_jsonl, read_text, write_text_atomic
-from optima_env.policy import ChatPolicy, SamplingParams
+from optima_env.policy import SamplingParams
 from optima_env.reward import percentile_normalizer
 from optima_env.rollout import make_jobs
-from optima_env.task import Task
 from optima_env.types import Episode
 from optima_trainers.config import TrainConfig
 from optima_trainers.faults import fault_point
-from optima_trainers.generation import resumable_rollout
+from optima_trainers.generation import GenerationContext, resumable_rollout
 from optima_trainers.types import PreferencePair, read_pairs, write_pairs
 
 __all__ = ["generate_tree_stage", "read_tree_stage"]
@@ -65,25 +64,14 @@ def finished_chunks(path: Path) -> dict[int, list[dict[str, Any]]]:
 
 
 def generate_tree_stage(
-    *,
-    task: Task,
-    policy: ChatPolicy,
-    config: TrainConfig,
-    folder: Path,
-    seed: int,
-    normalizer_indices: list[int],
-    tree_positions: list[int],
-    num_train: int,
-    readability: Callable[..., Any],
-    env_kwargs: Mapping[str, Any],
-    on_scored: Callable[[Episode], None],
-    on_phase: Callable[[str, float, dict[str, Any]], None],
-    progress: bool,
+    ctx: GenerationContext, *, normalizer_indices: list[int], tree_positions: list[int]
 ) -> None:
-    """Run (or resume) the normalizer, tree and pair phases of one stage into ``folder``."""
+    """Run (or resume) the normalizer, tree and pair phases of one stage into ``ctx.folder``
+    (``normalizer_indices``: cursor positions of the normalizer's conversations; ``tree_positions``:
+    one tree each)."""
     import time
 
-    from optima_trainers.mcts import MCTSReward, build_trees
+    from optima_trainers.mcts import build_trees
     from optima_trainers.pairs import (
         PAIR_DETAILS,
         append_pair_details,
@@ -92,7 +80,10 @@ def generate_tree_stage(
         select_top_pairs,
     )
 
+    config, task, folder, seed, num_train = ctx.config, ctx.task, ctx.folder, ctx.seed, ctx.num_train
     gen, tree_cfg = config.generation, config.tree
+    policy = ctx.load_policy()
+    env_kwargs = ctx.env_kwargs(policy)
     started = time.perf_counter()
     if tree_cfg.normalizer == "instance_max":  # the paper's per-instance max needs no fresh conversations
         normalizer_indices = []
@@ -111,7 +102,7 @@ def generate_tree_stage(
         ),
         env_kwargs=env_kwargs,
         concurrency=gen.concurrency,
-        progress=progress,
+        progress=ctx.progress,
     )
     normalizer: float | None = None
     if tree_cfg.normalizer == "percentile":
@@ -119,10 +110,18 @@ def generate_tree_stage(
         normalizer = percentile_normalizer(
             counts, tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding
         )
-    on_phase("normalizer", started, {"normalizer": normalizer or 0.0})
+    ctx.phase("normalizer", started, {"normalizer": normalizer or 0.0})
 
     started = time.perf_counter()
-    reward = MCTSReward(normalizer=normalizer, config=config.tree_reward, readability=readability)
+    # the run's one scorer: the tree reward, turn losses cached (a tree replays its prefixes), the
+    # constant normalizer or the paper's running per-instance max, the scored event once each
+    scorer = EpisodeScorer(
+        config.tree_reward,
+        readability=ctx.readability(),
+        normalizer="running" if normalizer is None else normalizer,
+        cache_turns=True,
+        on_scored=ctx.on_scored,
+    )
     mcts_env = {k: v for k, v in env_kwargs.items() if k not in ("split", "max_turns", "diverse_formats")}
     per_chunk = max(1, gen.concurrency // max(1, tree_cfg.rollouts))
     trees_path = folder / "trees.jsonl"
@@ -136,14 +135,14 @@ def generate_tree_stage(
             task,
             policy,
             [p % num_train for p in chunk],
-            reward_fn=reward.score,
+            reward_fn=scorer.score,
             split=config.split,
             seed=seed,
             search=tree_cfg,
             generation=gen,
             env_kwargs=mcts_env,
             keys=chunk,
-            progress=progress,
+            progress=ctx.progress,
         )
         record = [_tree_record(t, config) for t in trees]
         details = pair_details(
@@ -151,15 +150,13 @@ def generate_tree_stage(
         )
         append_pair_details(folder / PAIR_DETAILS, details)
         append_jsonl(trees_path, [{"chunk": number, "trees": record}])
-        for tree in trees:
-            for trajectory in tree.trajectories:
-                on_scored(trajectory.episode)
         done[number] = record
         fault_point("mcts_chunk")
     trees_done = [t for number in sorted(done) for t in done[number]]
     per_tree = [[PreferencePair.from_dict(p) for p in t["pairs"]] for t in trees_done]
     write_pairs(folder / "pairs.jsonl", select_top_pairs(per_tree, tree_cfg.pair_fraction))
-    on_phase("mcts", started, {})
+    ctx.release(policy)
+    ctx.phase("mcts", started, {})
 
 
 def _tree_record(tree: Any, config: TrainConfig) -> dict[str, Any]:

@@ -32,10 +32,10 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import TaskContractError
 from optima_env.policy import ChatPolicy, PerAgentPolicy, SamplingParams, speaker_stops
-from optima_env.readability import episode_lm_losses
-from optima_env.reward import RewardConfig, score_group
+from optima_env.reward import RewardConfig
 from optima_env.rollout import RolloutJob, job_seed, rollout
 from optima_env.task import Task
 from optima_env.types import Episode
@@ -169,17 +169,11 @@ class OptimaRollout:
                 **self.env_kwargs,
             },
         )
-        if self.readability is not None:
-            losses = episode_lm_losses(self.readability, [[t.text for t in e.turns] for e in episodes])
-            episodes = [_with_loss(e, loss) for e, loss in zip(episodes, losses)]
-        out: dict[int, list[Episode]] = {}
-        for k, index in enumerate(indices):
-            group = episodes[k * self.num_generations : (k + 1) * self.num_generations]
-            out[index] = score_group(group, config=self.reward)
-            for episode in out[index]:
-                if self.on_scored is not None:
-                    self.on_scored(episode)
-        return out
+        # the one scorer: readability, each instance group's max normalizer, the reward, the event
+        scorer = EpisodeScorer(self.reward, readability=self.readability, on_scored=self.on_scored)
+        scored = scorer.score(episodes)
+        n = self.num_generations
+        return {index: scored[k * n : (k + 1) * n] for k, index in enumerate(indices)}
 
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, Any]:
         parsed = [parse_prompt(p) for p in prompts]
@@ -222,12 +216,6 @@ class OptimaRollout:
                 out["optima_readability"].append(reward.readability)
                 out["optima_tokens"].append(float(episode.num_tokens))
         return {**out, "logprobs": None}
-
-
-def _with_loss(episode: Episode, loss: float | None) -> Episode:
-    import dataclasses
-
-    return dataclasses.replace(episode, lm_loss=loss)
 
 
 def _current_model_policy(trainer: Any) -> ChatPolicy:

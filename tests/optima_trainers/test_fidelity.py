@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from optima_env.episode_scorer import EpisodeScorer
 from optima_env.policy import ScriptedPolicy
-from optima_env.reward import RewardBreakdown, percentile_normalizer
+from optima_env.reward import RewardBreakdown, RewardConfig, percentile_normalizer
 from optima_env.types import Episode
-from optima_trainers.config import FIDELITY_PRESETS, resolve_config
-from optima_trainers.config import GenerationConfig, TreeSearchConfig
-from optima_trainers.mcts import MCTSReward, Tree, build_trees, select_node
+from optima_trainers.config import FIDELITY_PRESETS, GenerationConfig, TreeSearchConfig, resolve_config
+from optima_trainers.mcts import Tree, build_trees, select_node
 from optima_trainers.pairs import select_top_pairs
 from optima_trainers.selection import SelectionConfig, draw_sample_id, select_isft
 from optima_trainers.tree import normalized_edit_distance
@@ -94,7 +94,7 @@ def test_the_percentile_normalizer_is_int_of_the_percentile_plus_one() -> None:
 def test_the_per_instance_max_normalizer_of_the_paper() -> None:
     a50, a100 = episode(["Alice: " + "w " * 50, "Bob: x"]), episode(["Alice: " + "w " * 100, "Bob: x"])
     # the tree's max so far, this batch included: both over a100's tokens
-    reward = MCTSReward(normalizer=None)
+    reward = EpisodeScorer(RewardConfig(impersonation="mcts"), normalizer="running")
     first = reward.score([a50, a100])
     assert [e.reward.normalizer for e in first] == [a100.num_tokens] * 2
     assert first[0].reward.token == pytest.approx(-0.6 * a50.num_tokens / a100.num_tokens)
@@ -195,6 +195,22 @@ def test_every_draw_is_its_own_tree() -> None:
     assert draw_sample_id("r", 1119 + 5, 1119) == "r@1"
 
 
+def generation_context(task, config, folder: Path, policy, *, num_train: int, generate: str = "samples"):
+    """The host's generation context around a given policy (the built-in selection, no readability model)."""
+    from optima_env.registry import get_plugin_manager
+    from optima_trainers.generation import GenerationContext
+    from optima_trainers.hookspecs import add_trainer_hookspecs
+    from optima_trainers.stages import Stage
+
+    return GenerationContext(
+        task=task, config=config, stage=Stage(name="iter_00", kind="test", number=0, generate=generate),
+        folder=folder, seed=0, num_train=num_train, load_policy=lambda: policy, release=lambda p: None,
+        env_kwargs=lambda policy, diverse=False: {"split": "train", "max_turns": 2, "scoring": False},
+        readability=lambda: (lambda texts: [2.0] * len(texts)),
+        events=add_trainer_hookspecs(get_plugin_manager()).hook, phase=lambda *a: None,
+    )  # fmt: skip
+
+
 def test_a_sampled_stage_with_more_draws_than_rows_keeps_each_draw_and_resumes(tmp_path: Path) -> None:
     from optima_task_synth import SyntheticChainTask
 
@@ -214,14 +230,8 @@ def test_a_sampled_stage_with_more_draws_than_rows_keeps_each_draw_and_resumes(t
     )
 
     def run(folder: Path) -> tuple[list[Episode], list[Episode]]:
-        generate_sample_stage(
-            task=task, policy_factory=lambda: ScriptedPolicy(lambda r: "<A>x</A>"), release=lambda p: None,
-            config=config, folder=folder, seed=0, indices=list(range(5)), num_train=3, init=False,
-            readability=lambda: (lambda texts: [2.0] * len(texts)),
-            env_kwargs=lambda policy, diverse=False: {"split": "train", "max_turns": 2, "scoring": False},
-            stops=(), on_scored=lambda e: None, select=lambda eps: select_isft(eps, config.selection),
-            on_phase=lambda *a: None, progress=False,
-        )  # fmt: skip
+        ctx = generation_context(task, config, folder, ScriptedPolicy(lambda r: "<A>x</A>"), num_train=3)
+        generate_sample_stage(ctx, indices=list(range(5)), init=False)
         scored, selected, _ = read_sample_stage(folder)
         return scored, selected
 
@@ -258,11 +268,7 @@ def test_the_tree_stage_samples_with_the_runs_stops_and_top_p(tmp_path: Path) ->
              "tree.normalizer_instances": 1, "tree.selections": 1}  # fmt: skip
     config = resolve_config("ie/synth-v0", "idpo", overrides=sizes)
     policy = Recording()
-    generate_tree_stage(
-        task=task, policy=policy, config=config, folder=tmp_path, seed=0, normalizer_indices=[0],
-        tree_positions=[1], num_train=4, readability=lambda texts: [2.0] * len(texts),
-        env_kwargs={"split": "train", "max_turns": 2, "scoring": False},
-        on_scored=lambda e: None, on_phase=lambda *a: None, progress=False,
-    )  # fmt: skip
+    ctx = generation_context(task, config, tmp_path, policy, num_train=4, generate="tree")
+    generate_tree_stage(ctx, normalizer_indices=[0], tree_positions=[1])
     # the normalizer's conversations and the tree's rollouts: the cpu profile's speaker-tag stops
     assert policy.sampling and {(s.top_p, s.stop) for s in policy.sampling} == {(0.9, ("Alice:", "Bob:"))}

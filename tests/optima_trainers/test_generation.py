@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from optima_env import make_task
+from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import DataError
 from optima_env.policy import GenerationRequest, SamplingParams, ScriptedPolicy
 from optima_env.reward import RewardConfig
 from optima_env.rollout import make_jobs
-from optima_trainers.generation import resumable_rollout, score_episodes
+from optima_trainers.generation import resumable_rollout
 
 
 def reply(request: GenerationRequest) -> str:
@@ -65,7 +66,7 @@ def test_a_duplicated_job_is_reported(tmp_path: Path) -> None:
 
 def test_scoring_groups_by_instance_and_keeps_order(tmp_path: Path) -> None:
     episodes = play(tmp_path / "e.jsonl", make_jobs(range(3), num_samples=2, seed=2), [])
-    scored = score_episodes(episodes, config=RewardConfig())
+    scored = EpisodeScorer(RewardConfig()).score(episodes)  # the per-instance group max
     assert [e.sample_id for e in scored] == [e.sample_id for e in episodes]
     for sample_id in {e.sample_id for e in episodes}:
         group = [e for e in scored if e.sample_id == sample_id]

@@ -13,13 +13,14 @@ from optima_task_synth import SyntheticChainTask
 
 from optima_env import ConversationEnv
 from optima_env.configtree import ConfigError
+from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import ScoringError, TaskContractError
 from optima_env.policy import GenerationRequest, ScriptedPolicy
 from optima_env.reward import RewardConfig, score_episode
 from optima_env.rollout import run_episode
 from optima_env.types import Episode
 from optima_trainers.config import GenerationConfig, TreeSearchConfig
-from optima_trainers.mcts import MCTSReward, Tree, build_trees, select_node
+from optima_trainers.mcts import Tree, build_trees, select_node
 from optima_trainers.pairs import select_top_pairs
 from optima_trainers.tree import normalized_edit_distance
 from tests.helpers import TinyTask
@@ -348,7 +349,8 @@ def test_mcts_reward_scores_with_a_constant_normalizer_and_caches_losses() -> No
         return [2.0] * len(texts)
 
     eps = [episode(["Alice: hi there Bob", "Bob: <A>Paris</A>", "Alice: <A>Paris</A>"])] * 2
-    reward = MCTSReward(normalizer=50.0, readability=readability)
+    reward = EpisodeScorer(RewardConfig(impersonation="mcts"), normalizer=50.0, readability=readability,
+                           cache_turns=True)  # fmt: skip
     totals = reward(eps)
     reward(eps)  # every text cached: no second call
     assert len(calls) == 1 and sorted(calls[0]) == sorted({t.text for t in eps[0].turns})

@@ -68,7 +68,7 @@ def test_a_recipes_own_tree_weight_gives_way_to_the_users_reward_weight() -> Non
     assert (recipe.reward.lambda_token, recipe.tree_reward.lambda_token) == (0.5, 0.4)  # Table 8
     user = resolve_config("debate/arc_challenge-v0", "idpo", profile="paper",
                           overrides={"reward.lambda_token": "0.3"})  # fmt: skip
-    assert (user.reward.lambda_token, user.tree.lambda_token, user.tree_reward.lambda_token) == (0.3, None, 0.3)
+    assert user.reward.lambda_token == user.tree_reward.lambda_token == 0.3 and user.tree.lambda_token is None
     both = resolve_config("debate/arc_challenge-v0", "idpo", profile="paper",
                           overrides={"reward.lambda_token": 0.3, "tree.lambda_token": 0.2})  # fmt: skip
     assert (both.reward.lambda_token, both.tree_reward.lambda_token) == (0.3, 0.2)
@@ -105,10 +105,11 @@ def test_library_tree_defaults_are_the_cli_code_presets() -> None:
 
 def test_trees_built_through_the_python_api_equal_the_runs_tree_stage(idpo_run: Path) -> None:
     from optima_env.backends.loading import load_policy
+    from optima_env.episode_scorer import EpisodeScorer
     from optima_env.registry import get_plugin_manager, make_task
     from optima_env.reward import percentile_normalizer
     from optima_trainers.generation import load_readability_scorer
-    from optima_trainers.mcts import MCTSReward, build_trees
+    from optima_trainers.mcts import build_trees
     from optima_trainers.stages import stage_seed
 
     config = TrainConfig.from_dict(json.loads((idpo_run / "config.json").read_text()))
@@ -116,13 +117,15 @@ def test_trees_built_through_the_python_api_equal_the_runs_tree_stage(idpo_run: 
     num_train = len(task.samples(config.split))
     counts = [e.num_tokens for e in read_episodes(idpo_run / "iter_01" / "normalizer.jsonl")]
     tree_cfg, gen = config.tree, config.generation
-    normalizer = percentile_normalizer(counts, tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding)
+    normalizer = percentile_normalizer(
+        counts, tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding
+    )
     policy = load_policy(str(idpo_run / "iter_00" / "checkpoint"), backend="hf", batch_size=gen.concurrency,
                          dtype=config.dtype)  # fmt: skip
-    first = gen.instances + tree_cfg.normalizer_instances  # the cursor after the initialization and normalizer
+    first = gen.instances + tree_cfg.normalizer_instances  # the cursor after the init and normalizer
     positions = list(range(first, first + tree_cfg.instances))
-    reward = MCTSReward(normalizer=normalizer, config=config.tree_reward,
-                        readability=load_readability_scorer(config, pm))  # fmt: skip
+    reward = EpisodeScorer(config.tree_reward, normalizer=normalizer, cache_turns=True,
+                           readability=load_readability_scorer(config, pm))  # fmt: skip
     env: dict[str, Any] = {"tokenizer": policy.tokenizer, "scoring": False, "pm": pm}
     trees = build_trees(task, policy, [p % num_train for p in positions], reward_fn=reward.score,
                         split=config.split, seed=stage_seed(config.seed, "iter_01"), search=tree_cfg,

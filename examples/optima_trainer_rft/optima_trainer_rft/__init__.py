@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+
 from optima_env import TrainerSpec, hookimpl
 from optima_trainers.backends import StageContext, TrainerBackend, sft_stages, train_sft_stage
 from optima_trainers.stages import Stage, StageData, StageOutcome
