@@ -8,7 +8,10 @@ through it; each parent also tracks its min- and max-value child, as the referen
 :class:`Tree` grows by :meth:`Tree.insert` (a finished trajectory from a start node: each new turn
 is merged into an existing child when their normalized edit distance is below the merge threshold,
 else it becomes a new child; then the reward is back-propagated), offers its selection candidates
-(:meth:`Tree.candidates`) and cuts preference pairs (:meth:`Tree.pairs`).
+(:meth:`Tree.candidates`) and cuts preference pairs (:meth:`Tree.pairs`; every candidate pair
+with why it is kept or dropped: :meth:`Tree.pair_candidates`, the rules in
+:func:`optima_trainers.pairs.candidate_pairs`). Beside its value, a node tracks what those rules
+read: its task credit, mean reward terms, depth cuts and whether its turn ran to the cap.
 """
 
 from __future__ import annotations
@@ -178,6 +181,7 @@ class Tree:
             prompt: ``code``, all ``assistant``, or ``alternating``).
     """
 
+    # size: the tree's instance (task, sample, index, split, seed, agents, prompts) and its 2 config sections
     def __init__(
         self,
         *,
