@@ -293,6 +293,7 @@ def _evaluate(
     return main, stages, curves
 
 
+# size: the demo command's options, forwarded from its CLI
 def run_demo(
     out: Path,
     *,
@@ -333,6 +334,7 @@ def _published(out: Path, tasks: Sequence[DemoTask], specs: Sequence[DemoTask]) 
     return [t for t in read_json_object(path).get("tasks", []) if t.get("task") in others]
 
 
+# size: the demo's phases in order (baselines, training, stages, table, report), each a call
 def _run(
     out: Path,
     specs: Sequence[DemoTask],

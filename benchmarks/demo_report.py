@@ -56,6 +56,7 @@ def _curve(
     return points
 
 
+# size: the demo's per-task inputs (tables, scaling, runs, exports, timings), each a separate record
 def summarize(
     spec: DemoTask,
     main: Mapping[str, Any] | None,
@@ -289,6 +290,7 @@ def _pct(ratio: float | None) -> str:
     return "–" if ratio is None else f"{ratio:.1%}"
 
 
+# size: the report's sections in page order, each a rendered block
 def render_report(demo: Mapping[str, Any]) -> str:
     """``report.md`` of the demo."""
     parts = [

@@ -46,6 +46,7 @@ def _scorers(groups: Sequence[Sequence[Any]]) -> str:
     return ", ".join(names) or "unknown"
 
 
+# size: one pass over the run's entries building rows, tasks, methods and curves together
 def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: EpisodeStore) -> dict[str, Any]:
     """Rows (one per method and task), tasks, methods and scaling curves of a run.
 

@@ -134,6 +134,7 @@ def _run_phase(name: str, cfg: SuiteConfig, result_path: Path) -> None:
 
 
 # -- the suite ------------------------------------------------------------------------------------
+# size: the throughput suite's options, forwarded from its CLI
 def run_rollout_suite(
     *,
     out_dir: str | os.PathLike[str],

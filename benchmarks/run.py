@@ -313,6 +313,7 @@ def _evaluate(
                                 backend=backend, reward_overrides=reward_overrides)  # fmt: skip
 
 
+# size: the run's resolved options, forwarded from its CLI to play and report
 def _play_and_report(
     args: RunArgs,
     suite: Any,

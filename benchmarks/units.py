@@ -113,6 +113,7 @@ def pending_jobs(method: Method, entry: TaskEntry, store: EpisodeStore, *, seed:
     ]
 
 
+# size: a play unit's options (task, method, model, sizes, store), forwarded from the run
 def play(
     method: Method,
     entry: TaskEntry,
@@ -153,6 +154,7 @@ def play(
     )
 
 
+# size: the methods' shared options, forwarded from the run
 def play_methods(
     methods: Sequence[Method],
     entries: Sequence[TaskEntry],

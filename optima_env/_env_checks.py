@@ -157,6 +157,7 @@ def episode_over(agent: str, action: Any, episode: Episode | None, turns: int) -
     )
 
 
+# size: the Episode record's fields, passed by name from the env's state (a record builder)
 def episode_record(
     task: Task,
     sample: TaskSample,

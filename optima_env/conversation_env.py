@@ -117,6 +117,7 @@ class ConversationEnv(AECEnv):
         "is_parallelizable": True,
     }
 
+    # size: the env's documented options (PettingZoo's make(**kwargs)), each a keyword with a default
     def __init__(
         self,
         task: Task,

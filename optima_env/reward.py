@@ -159,6 +159,7 @@ def _scan(turns: Sequence[Turn], agents: Sequence[str], repeats: bool) -> tuple[
     return None, False
 
 
+# size: Eq. 1 with each reference special case in the spec's order (spec §3); split, the order would hide
 def score_episode(
     episode: Episode,
     *,

@@ -99,6 +99,7 @@ def run_episode(
     return env.episode
 
 
+# size: the rollout driver's public API: jobs, sampling and keyword options with defaults
 def rollout(
     task: Task,
     policy: ChatPolicy,

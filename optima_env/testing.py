@@ -96,6 +96,7 @@ class CheckReport:
     checks: tuple[str, ...]
 
 
+# size: check_task's switches (which checks, sizes, seeds), keyword options with defaults
 def check_task(
     task_or_id: Task | str,
     *,

@@ -211,6 +211,7 @@ def _prompt_tokens(tokenizer: Any, messages: Sequence[dict[str, str]]) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+# size: assembles TRL's DPOTrainer step by step (data, model, LoRA, config, train, atomic save)
 def train_dpo(
     *,
     model_path: str,

@@ -194,6 +194,7 @@ def _existing_export(out: Path, wanted: Mapping[str, Any]) -> dict | None:
     return manifest
 
 
+# size: per-module truncated SVD of the weight change with its error bookkeeping, one pass over the model
 def _factorize(
     base: Path, trained: Path, rank: int, dtype: str
 ) -> tuple[dict[str, tuple], list[float], float]:

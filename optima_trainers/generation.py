@@ -85,6 +85,7 @@ def _job_of(episode: Episode) -> tuple[int, int]:
     return int(job[0]), int(job[1])
 
 
+# size: the rollout driver's options plus the resume file; forwarded to rollout()
 def resumable_rollout(
     task: Task,
     policy: ChatPolicy,

@@ -79,6 +79,7 @@ class GRPOBackend(TrainerBackend):
         return train_grpo_stage(data, context)
 
 
+# size: assembles TRL's GRPOTrainer step by step (rollout function, config, train, atomic save)
 def train_grpo_stage(data: StageData, context: StageContext) -> StageOutcome:
     """One GRPO stage on ``data.instances`` from ``context.start_model``; the merged model goes to
     ``context.output_dir``. Readability comes from the host's frozen scorer (one copy per run), and

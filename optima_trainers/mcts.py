@@ -116,6 +116,7 @@ def select_node(tree: Tree, config: TreeSearchConfig, rng: random.Random) -> Nod
     return chosen
 
 
+# size: the public tree-search API: instances, reward, the two config sections, keyword options with defaults
 def build_trees(
     task: Task,
     policy: ChatPolicy,

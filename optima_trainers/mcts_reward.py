@@ -19,6 +19,7 @@ from optima_env.types import Episode
 __all__ = ["estimate_token_normalizer"]
 
 
+# size: a rollout's options plus the percentile settings, keyword arguments with defaults
 def estimate_token_normalizer(
     task: Task,
     policy: ChatPolicy,

@@ -135,6 +135,7 @@ def _dataset(examples: Sequence[MaskedExample]) -> Any:
     )
 
 
+# size: assembles TRL's SFTTrainer step by step (examples, model, LoRA, config, train, atomic save)
 def train_sft(
     *,
     model_path: str,

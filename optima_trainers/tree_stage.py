@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from typing import Any
 from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import DataError
 from optima_env.io import append_jsonl, read_episodes, read_jsonl, read_text, write_text_atomic
-from optima_env.policy import SamplingParams
+from optima_env.policy import ChatPolicy, SamplingParams
 from optima_env.reward import percentile_normalizer
 from optima_env.rollout import make_jobs
 from optima_env.types import Episode
@@ -69,8 +71,59 @@ def generate_tree_stage(
     """Run (or resume) the normalizer, tree and pair phases of one stage into ``ctx.folder``
     (``normalizer_indices``: cursor positions of the normalizer's conversations; ``tree_positions``:
     one tree each)."""
-    import time
+    policy = ctx.load_policy()
+    env_kwargs = ctx.env_kwargs(policy)
+    started = time.perf_counter()
+    normalizer = _normalizer_phase(ctx, policy, env_kwargs, normalizer_indices)
+    ctx.phase("normalizer", started, {"normalizer": normalizer or 0.0})
+    started = time.perf_counter()
+    _tree_phase(ctx, policy, env_kwargs, normalizer, tree_positions)
+    ctx.release(policy)
+    ctx.phase("mcts", started, {})
 
+
+def _normalizer_phase(
+    ctx: GenerationContext, policy: ChatPolicy, env_kwargs: Mapping[str, Any], indices: list[int]
+) -> float | None:
+    """The constant token normalizer from one fresh conversation per position (``percentile``), or
+    ``None`` for the paper's running per-instance max, which plays nothing."""
+    gen, tree_cfg = ctx.config.generation, ctx.config.tree
+    if tree_cfg.normalizer == "instance_max":  # the paper's per-instance max needs no fresh conversations
+        indices = []
+    episodes = resumable_rollout(
+        ctx.task,
+        policy,
+        jobs=make_jobs(indices, 1, ctx.seed),  # cursor positions: each draw its own job
+        reset_options=lambda job: {"index": job.index % ctx.num_train},
+        path=ctx.folder / "normalizer.jsonl",
+        sampling=SamplingParams(
+            temperature=gen.temperature,
+            top_p=gen.top_p,
+            max_new_tokens=gen.max_new_tokens,
+            seed=ctx.seed,
+            stop=gen.stops(ctx.task.agents),
+        ),
+        env_kwargs=env_kwargs,
+        concurrency=gen.concurrency,
+        progress=ctx.progress,
+    )
+    if tree_cfg.normalizer != "percentile":
+        return None
+    counts = [e.num_tokens for e in episodes]
+    return percentile_normalizer(
+        counts, tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding
+    )
+
+
+def _tree_phase(
+    ctx: GenerationContext,
+    policy: ChatPolicy,
+    env_kwargs: Mapping[str, Any],
+    normalizer: float | None,
+    positions: list[int],
+) -> None:
+    """Grow the trees chunk by chunk (each finished chunk one line of ``trees.jsonl``, its pair
+    records in ``pairs_detail.jsonl``), then write the kept pairs."""
     from optima_trainers.mcts import build_trees
     from optima_trainers.pairs import (
         PAIR_DETAILS,
@@ -80,39 +133,8 @@ def generate_tree_stage(
         select_top_pairs,
     )
 
-    config, task, folder, seed, num_train = ctx.config, ctx.task, ctx.folder, ctx.seed, ctx.num_train
+    config, folder = ctx.config, ctx.folder
     gen, tree_cfg = config.generation, config.tree
-    policy = ctx.load_policy()
-    env_kwargs = ctx.env_kwargs(policy)
-    started = time.perf_counter()
-    if tree_cfg.normalizer == "instance_max":  # the paper's per-instance max needs no fresh conversations
-        normalizer_indices = []
-    episodes = resumable_rollout(
-        task,
-        policy,
-        jobs=make_jobs(normalizer_indices, 1, seed),  # cursor positions: each draw its own job
-        reset_options=lambda job: {"index": job.index % num_train},
-        path=folder / "normalizer.jsonl",
-        sampling=SamplingParams(
-            temperature=gen.temperature,
-            top_p=gen.top_p,
-            max_new_tokens=gen.max_new_tokens,
-            seed=seed,
-            stop=gen.stops(task.agents),
-        ),
-        env_kwargs=env_kwargs,
-        concurrency=gen.concurrency,
-        progress=ctx.progress,
-    )
-    normalizer: float | None = None
-    if tree_cfg.normalizer == "percentile":
-        counts = [e.num_tokens for e in episodes]
-        normalizer = percentile_normalizer(
-            counts, tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding
-        )
-    ctx.phase("normalizer", started, {"normalizer": normalizer or 0.0})
-
-    started = time.perf_counter()
     # the run's one scorer: the tree reward, turn losses cached (a tree replays its prefixes), the
     # constant normalizer or the paper's running per-instance max, the scored event once each
     scorer = EpisodeScorer(
@@ -128,16 +150,16 @@ def generate_tree_stage(
     done = finished_chunks(trees_path)
     prune_pair_details(folder / PAIR_DETAILS, set(done))  # a chunk's records whose trees line never came
     capped = config.sft.train_capped_turns  # one home: SFT's and the pairs' capped turns
-    for number, chunk in enumerate(_chunks(tree_positions, per_chunk)):
+    for number, chunk in enumerate(_chunks(positions, per_chunk)):
         if number in done:
             continue
         trees = build_trees(
-            task,
+            ctx.task,
             policy,
-            [p % num_train for p in chunk],
+            [p % ctx.num_train for p in chunk],
             reward_fn=scorer.score,
             split=config.split,
-            seed=seed,
+            seed=ctx.seed,
             search=tree_cfg,
             generation=gen,
             env_kwargs=mcts_env,
@@ -155,8 +177,6 @@ def generate_tree_stage(
     trees_done = [t for number in sorted(done) for t in done[number]]
     per_tree = [[PreferencePair.from_dict(p) for p in t["pairs"]] for t in trees_done]
     write_pairs(folder / "pairs.jsonl", select_top_pairs(per_tree, tree_cfg.pair_fraction))
-    ctx.release(policy)
-    ctx.phase("mcts", started, {})
 
 
 def _tree_record(tree: Any, config: TrainConfig) -> dict[str, Any]:

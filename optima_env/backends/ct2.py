@@ -90,6 +90,7 @@ class CTranslate2Policy:
             (:func:`length_groups`; larger: fewer, larger groups).
     """
 
+    # size: CTranslate2's generator options, mirrored as keyword arguments with defaults
     def __init__(
         self,
         model_dir: str | os.PathLike[str],
@@ -137,6 +138,7 @@ class CTranslate2Policy:
         self._drawn = False
         self._load()
 
+    # size: the constructor's keyword options, forwarded (CTranslate2 conversion + generator)
     @classmethod
     def from_pretrained(
         cls,

@@ -280,6 +280,7 @@ class TransformersPolicy:
             raise BackendError(f"internal error: {len(index)} cached positions for {len(ids)} tokens")
         self.prefix_cache.add(ids, kv.buf[:, :, b].index_select(3, index.to(kv.buf.device)))
 
+    # size: one decode loop over a shared KV cache: prefill, steps, stops, slots read as one unit
     def _run(
         self, rows: list[np.ndarray], seeds: list[int | None], sampling: SamplingParams
     ) -> list[list[int]]:

@@ -19,6 +19,7 @@ BACKENDS = ("hf", "vllm", "ct2", "openai")
 ``openai`` any OpenAI-compatible server."""
 
 
+# size: one factory for every engine: a model, a backend name and that engine's keyword options
 def load_policy(
     model: str,
     *,

@@ -70,6 +70,7 @@ class OpenAIChatPolicy:
         cooldown: seconds a replica that refused or dropped a connection stays out of the rotation.
     """
 
+    # size: the OpenAI-compatible client's options (URLs, key, retries, timeouts), keywords with defaults
     def __init__(
         self,
         model: str,

@@ -48,6 +48,7 @@ class VLLMPolicy:
         self.seeded_token_budget: int | None = budget if current_platform.is_cpu() else None
         """On CPUs, seeded batches are split so each fits one scheduler step (see :meth:`generate`)."""
 
+    # size: vLLM's engine options (tensor/data parallel, memory, dtype, ...), mirrored as keyword arguments
     @classmethod
     def from_pretrained(
         cls,

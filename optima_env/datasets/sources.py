@@ -140,6 +140,7 @@ _ARC = ("allenai/ai2_arc", "ARC-Challenge")
 _MMLU = ("cais/mmlu", "all")
 
 
+# size: the dataset table: one declarative entry per dataset, read top to bottom
 def _build() -> Mapping[str, DatasetSpec]:
     hotpot_eval = SplitSpec(("dev.jsonl", "validation.jsonl"), _hub(_HOTPOT, "distractor", "validation"))
     wiki_dev = SplitSpec(("dev.json", "dev.jsonl", TWOWIKI_DEV_CONTEXTS, "dev_qa_only.jsonl"), None)

@@ -353,6 +353,7 @@ def _readability(name: str) -> Any:
 
 
 # -- a local evaluation ---------------------------------------------------------------------------
+# size: verifiers' evaluation settings, each a keyword with a local default
 def local_eval_config(
     env: Any,
     *,

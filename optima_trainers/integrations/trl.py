@@ -110,6 +110,7 @@ class OptimaRollout:
         on_scored: called with every scored episode (e.g. the ``optima_episode_scored`` hook).
     """
 
+    # size: the rollout function's settings, keywords with defaults (TRL calls it with fixed arguments)
     def __init__(
         self,
         task: Task,

@@ -183,6 +183,7 @@ class SyntheticChainTask(TokenF1Scoring, Task):
 
     family = "information_exchange"
 
+    # size: the synthetic task's generator knobs (hops, rivals, sizes, seed), keyword arguments with defaults
     def __init__(
         self,
         *,
