@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.policies import parse_agent_models
 from optima_env import configtree
+from optima_env.cli_support import (
+    Parser,
+    add_common_flags,
+    add_field_flags,
+    dataclass_from_args,
+)
 from optima_env.errors import RunConfigError
 from optima_env.paths import check_input_folder, check_model_flag, check_output_folder
 from optima_env.reward import RewardConfig
@@ -21,10 +26,12 @@ __all__ = [
     "RunArgs",
     "RunConfigError",
     "bench_config",
+    "build_parser",
     "check_paths",
     "checkpoint_specs",
     "command_line",
     "parse_args",
+    "parse_command",
     "vllm_options",
 ]
 
@@ -99,8 +106,6 @@ class RunArgs:
     progress: bool = True
     """Progress bars (rollouts, model loading); --no-progress silences every bar (tqdm's, the
     Hugging Face hub's and transformers')."""
-    debug: bool = False
-    """On an error, print its traceback too (default: one line on stderr, exit code 2)."""
     set: tuple[str, ...] = ()
     """Set a configuration field by its dotted name, typed (repeatable): reward.lambda_token=0.4,
     reward.short_trajectory_tokens=none, ... (the reward of every episode; a task's own thresholds
@@ -188,39 +193,31 @@ def check_paths(args: RunArgs, backend: str, checkpoints: dict[str, str]) -> Non
 
 
 # -- command line ---------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None) -> RunArgs:
-    """Parse the command line into :class:`RunArgs`: one flag per field, documented by the field's
-    docstring, each value parsed into the field's type (:mod:`optima_env.configtree`, the trainer
-    CLI's parser); a bad value raises :class:`~optima_env.configtree.ConfigError`."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.run",
-        description=__doc__,
+def build_parser() -> argparse.ArgumentParser:
+    """One flag per :class:`RunArgs` field (:func:`optima_env.cli_support.add_field_flags`), plus
+    the common ``--debug``, ``--log-level`` and ``--quiet``."""
+    parser = Parser(
+        "python -m benchmarks.run",
+        __doc__,
         epilog="configuration fields (--set NAME=VALUE; type, default: doc):\n"
         + "\n".join(f"  {line}" for line in configtree.describe(BenchConfig)),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    docs, hints = configtree.field_docs(RunArgs), typing.get_type_hints(RunArgs)
-    for f in dataclasses.fields(RunArgs):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{docs.get(f.name, '')} (default: {f.default})".replace("%", "%%")
-        if typing.get_origin(hints[f.name]) is tuple:
-            parser.add_argument(flag, action="append", default=None, metavar="VALUE", help=help_text)
-        elif hints[f.name] is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
-            )
-        else:
-            parser.add_argument(flag, default=f.default, help=help_text)
-    values = vars(parser.parse_args(argv))
-    for f in dataclasses.fields(RunArgs):
-        value = values[f.name]
-        if typing.get_origin(hints[f.name]) is tuple:
-            given = value or []  # comma-separated lists, except --set (its values may hold commas)
-            items = given if f.name == "set" else [v for item in given for v in item.split(",")]
-            values[f.name] = tuple(v.strip() for v in items if v.strip())
-        elif value is not f.default:
-            values[f.name] = configtree.parse_value("--" + f.name.replace("_", "-"), hints[f.name], value)
-    return RunArgs(**values)
+    add_field_flags(parser, RunArgs)
+    add_common_flags(parser)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> RunArgs:
+    """Parse the command line into :class:`RunArgs`: one flag per field, documented by the field's
+    docstring, each value parsed into the field's type (repeatable flags also split at commas,
+    except ``--set``); a bad value raises :class:`~optima_env.configtree.ConfigError`."""
+    return parse_command(argv)[0]
+
+
+def parse_command(argv: list[str] | None = None) -> tuple[RunArgs, argparse.Namespace]:
+    """:class:`RunArgs` and the whole namespace (with the common flags: ``--log-level``, ...)."""
+    ns = build_parser().parse_args(argv)
+    return dataclass_from_args(RunArgs, ns, keep_commas=("set",)), ns
 
 
 def command_line(args: RunArgs) -> list[str]:

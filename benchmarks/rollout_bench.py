@@ -55,7 +55,16 @@ from typing import Any
 
 from benchmarks.rollout_phases import PHASES, run_phase
 from benchmarks.rollout_report import plot, summarize
-from optima_env.errors import OptimaError, RunConfigError
+from optima_env.cli_support import (
+    Parser,
+    add_common_flags,
+    add_field_flags,
+    dataclass_from_args,
+    flag_name,
+    run_command,
+    setup_logging,
+)
+from optima_env.errors import RunConfigError
 from optima_env.io import write_json_atomic, write_text_atomic
 from optima_env.paths import check_model_flag, check_output_folder, folder_lock
 
@@ -192,59 +201,32 @@ def run_rollout_suite(
 def _flags(cfg: SuiteConfig) -> list[str]:
     words = []
     for f in dataclasses.fields(SuiteConfig):
-        words += ["--" + f.name.replace("_", "-"), str(getattr(cfg, f.name))]
+        words += [flag_name(f.name), str(getattr(cfg, f.name))]
     return words
 
 
-def _field_docs() -> dict[str, str]:
-    """The docstring under each :class:`SuiteConfig` field, for ``--help``."""
-    import ast
-    import inspect
-    import itertools
-
-    body = ast.parse(inspect.getsource(SuiteConfig)).body[0].body  # type: ignore[attr-defined]
-    return {
-        node.target.id: " ".join(str(nxt.value.value).split())
-        for node, nxt in itertools.pairwise(body)
-        if isinstance(node, ast.AnnAssign)
-        and isinstance(nxt, ast.Expr)
-        and isinstance(nxt.value, ast.Constant)
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 2 on a bad flag or an expected error, with one
-    line on stderr; 130 when interrupted)."""
-    try:
-        _main(argv)
-    except OptimaError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; saved phases are reused: rerun the same command to go on", file=sys.stderr)
-        return 130
-    return 0
-
-
-def _main(argv: list[str] | None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.rollout_bench",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    """Entry point; returns the exit status (:mod:`optima_env.cli_support`: 0 ok, 2 on a bad flag
+    or an expected error, with one line on stderr; 130 when interrupted; 1 on a bug)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    setup_logging()
+    return run_command(
+        lambda: _main(argv),
+        argv=argv,
+        on_interrupt="interrupted; saved phases are reused: rerun the same command to go on",
     )
+
+
+def _main(argv: list[str]) -> None:
+    parser = Parser("python -m benchmarks.rollout_bench", __doc__)
     parser.add_argument("--out", default="results/rollout_bench", help="output folder")
     parser.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES, help="phases to run")
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # child-process entry
-    docs = _field_docs()
-    for f in dataclasses.fields(SuiteConfig):
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            type=type(f.default),
-            default=f.default,
-            help=f"{docs.get(f.name, '')} (default: {f.default})",
-        )
+    add_field_flags(parser, SuiteConfig)
+    add_common_flags(parser)
     ns = parser.parse_args(argv)
-    cfg = SuiteConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(SuiteConfig)})
+    setup_logging(ns)
+    cfg = dataclass_from_args(SuiteConfig, ns)
     if ns.phase:
         _run_phase(ns.phase, cfg, Path(ns.out) / f"phase_{ns.phase}.json")
         return
@@ -260,7 +242,7 @@ def _main(argv: list[str] | None) -> None:
         "threads",
     ):
         if getattr(cfg, name) < 1:
-            flag = "--" + name.replace("_", "-")
+            flag = flag_name(name)
             raise RunConfigError(
                 f"{flag} must be at least 1, got {getattr(cfg, name)}; pass {flag} 1 or more"
             )

@@ -49,7 +49,6 @@ import logging
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +60,7 @@ from benchmarks.args import (
     checkpoint_specs,
     command_line,
     parse_args,
+    parse_command,
     vllm_options,
 )
 from benchmarks.demo_tasks import MAIN_TASK
@@ -73,7 +73,7 @@ from benchmarks.suites import get_suite
 from benchmarks.units import open_task, play_methods
 from optima_env import configtree
 from optima_env.backends.peft_adapter import is_adapter
-from optima_env.errors import OptimaError
+from optima_env.cli_support import run_command, setup_logging
 from optima_env.io import write_json_atomic, write_text_atomic
 from optima_env.paths import folder_lock
 from optima_trainers.provenance import git_commit
@@ -385,25 +385,25 @@ def _play_and_report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    """Entry point; returns the exit status (:mod:`optima_env.cli_support`: 0 ok, 2 on an expected
+    error, 130 when interrupted, with the command that resumes, 1 on a bug)."""
+    setup_logging(fmt="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--no-progress" in argv:  # before any library creates a bar
         os.environ.update(TQDM_DISABLE="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
-    try:
-        run(parse_args(argv))
-    except OptimaError as exc:  # expected: bad input, missing data or extras, a failing server
-        if "--debug" in argv:
-            traceback.print_exc()
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except Interrupted as exc:
-        print(f"interrupted; finished episodes are kept: rerun {exc.resume} to resume", file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:
-        print("interrupted before the run started; nothing was written", file=sys.stderr)
-        return 130
-    return 0
+
+    def body() -> None:
+        args, ns = parse_command(argv)
+        setup_logging(ns, fmt="%(levelname)s %(name)s: %(message)s")
+        run(args)
+
+    def interrupted(exc: KeyboardInterrupt) -> str:
+        if isinstance(exc, Interrupted):
+            return f"interrupted; finished episodes are kept: rerun {exc.resume} to resume"
+        return "interrupted before the run started; nothing was written"
+
+    return run_command(body, argv=argv, on_interrupt=interrupted)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,15 @@ import os
 import sys
 from typing import Any
 
+from optima_env.cli_support import (
+    Flag,
+    Parser,
+    add_common_flags,
+    add_field_flags,
+    field_values,
+    run_command,
+    setup_logging,
+)
 from optima_env.configtree import ConfigError, describe, field_docs, get, parse_sets
 from optima_env.errors import OptimaError
 
@@ -40,48 +49,40 @@ __all__ = ["build_parser", "main", "resolve_from_args"]
 
 logger = logging.getLogger("optima_trainers")
 
-# flag -> (dotted names it sets, type, help)
-_FIELD_FLAGS: dict[str, tuple[tuple[str, ...], type, str]] = {
-    "--model": (("model",), str, "starting model: embedded, a Hugging Face name or a local folder"),
-    "--iterations": (
-        ("iterations",),
-        int,
-        "isft: iterations incl. init; idpo: DPO iterations; isft-dpo: cycles",
-    ),
-    "--seed": (("seed",), int, "seed of episodes, sampling and training"),
-    "--backend": (("generation.backend",), str, "generation backend: hf, vllm or ct2"),
-    "--instances": (("generation.instances",), int, "training instances per sampled stage"),
-    "--samples": (("generation.num_samples",), int, "conversations sampled per instance (N)"),
-    "--max-turns": (("generation.max_turns",), int, "turns per conversation (and tree depth)"),
-    "--max-new-tokens": (("generation.max_new_tokens",), int, "generation cap of one turn"),
-    "--concurrency": (("generation.concurrency",), int, "conversations generated together (batch size)"),
-    "--lambda-token": (("reward.lambda_token",), float, "λ_token of the run's rewards (sampled and tree)"),
-    "--lambda-loss": (("reward.lambda_loss",), float, "λ_loss of the run's rewards (sampled and tree)"),
-    "--reward-preset": (("reward_preset",), str, "reward special cases: code (reference) or paper (Eq. 1)"),
-    "--lr": (("sft.learning_rate",), float, "SFT learning rate"),
-    "--epochs": (("sft.epochs",), float, "SFT epochs per stage"),
-    "--batch-size": (("sft.batch_size",), int, "effective SFT batch size"),
-    "--max-steps": (("sft.max_steps", "dpo.max_steps"), int, "cap on optimizer steps per training stage"),
-    "--theta-sft": (("selection.theta",), float, "θ_sft: minimum total reward of a selected trajectory"),
-    "--min-task-score": (
-        ("selection.min_task_score",),
-        float,
-        "select only among trajectories with at least this task score (not in the paper)",
-    ),
-    "--selection-order": (("selection.order",), str, "code (top 70%% then θ) or paper (θ then 70%%)"),
-    "--report-to": (("report_to",), str, "none, tensorboard or wandb"),
-    "--normalizer-instances": (
-        ("tree.normalizer_instances",),
-        int,
-        "instances setting the tree token normalizer",
-    ),
-    "--mcts-instances": (("tree.instances",), int, "MCTS trees (instances) per tree stage"),
-    "--readability-model": (
-        ("readability_model",),
-        str,
-        "frozen model of the readability term (default: --model)",
-    ),
-}
+FLAGS: tuple[Flag, ...] = (
+    Flag.of("--task", "task"),
+    Flag.of("--trainer", "trainer"),
+    Flag.of("--preset", "preset"),
+    Flag.of("--profile", "profile", also=("auto",)),
+    Flag.of("--model", "model"),
+    Flag.of("--iterations", "iterations"),
+    Flag.of("--seed", "seed"),
+    Flag.of("--backend", "generation.backend"),
+    Flag.of("--instances", "generation.instances"),
+    Flag.of("--samples", "generation.num_samples"),
+    Flag.of("--max-turns", "generation.max_turns"),
+    Flag.of("--max-new-tokens", "generation.max_new_tokens"),
+    Flag.of("--concurrency", "generation.concurrency"),
+    Flag.of("--lambda-token", "reward.lambda_token"),
+    Flag.of("--lambda-loss", "reward.lambda_loss"),
+    Flag.of("--reward-preset", "reward_preset"),
+    Flag.of("--lr", "sft.learning_rate"),
+    Flag.of("--epochs", "sft.epochs"),
+    Flag.of("--batch-size", "sft.batch_size"),
+    Flag.of("--max-steps", "sft.max_steps", "dpo.max_steps"),
+    Flag.of("--full-finetune", "sft.lora", "dpo.lora", const=False, switch=True),
+    Flag.of("--theta-sft", "selection.theta"),
+    Flag.of("--min-task-score", "selection.min_task_score"),
+    Flag.of("--selection-order", "selection.order"),
+    Flag.of("--report-to", "report_to"),
+    Flag.of("--normalizer-instances", "tree.normalizer_instances"),
+    Flag.of("--mcts-instances", "tree.instances"),
+    Flag.of("--readability-model", "readability_model"),
+)
+"""The convenience flags: aliases of configuration fields (type and help come from the field;
+``--set NAME=VALUE`` reaches every other one). ``--task``, ``--trainer``, ``--preset`` and
+``--profile`` choose the layers :func:`~optima_trainers.config.resolve_config` starts from."""
+_LAYERS = ("task", "trainer", "preset", "profile")
 
 
 def _trainer_help(pm: Any) -> str:
@@ -109,19 +110,14 @@ def _trainer_help(pm: Any) -> str:
 
 def build_parser(pm: Any = None) -> argparse.ArgumentParser:
     """The argument parser; with a plugin manager, ``--help`` lists the installed trainers."""
-    parser = argparse.ArgumentParser(
-        prog="python -m optima_trainers.train",
-        description=__doc__,
+    from optima_trainers.config import TrainConfig
+
+    parser = Parser(
+        "python -m optima_trainers.train",
+        __doc__,
         epilog=_trainer_help(pm) if pm is not None else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--task", default=None, help="task id or unique name (default: ie/synth-v0)")
-    parser.add_argument("--trainer", default=None, help="a registered trainer (default: isft; see below)")
-    parser.add_argument("--preset", choices=("code", "paper"), default="code", help="hyperparameter table")
-    parser.add_argument("--profile", choices=("auto", "cpu", "paper"), default="auto", help="run sizes")
-    for flag, (_, kind, text) in _FIELD_FLAGS.items():
-        parser.add_argument(flag, type=kind, default=None, help=text)
-    parser.add_argument("--full-finetune", action="store_true", help="full fine-tuning instead of LoRA")
+    add_field_flags(parser, TrainConfig, FLAGS)
     parser.add_argument(
         "--set",
         action="append",
@@ -140,23 +136,22 @@ def build_parser(pm: Any = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    add_common_flags(parser)
     return parser
 
 
 def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for flag, (names, _, _) in _FIELD_FLAGS.items():
-        value = getattr(ns, flag.lstrip("-").replace("-", "_"))
-        if value is not None:
-            out.update(dict.fromkeys(names, value))
-    if ns.full_finetune:
-        out.update({"sft.lora": False, "dpo.lora": False})
+    """The configuration fields set by flags and ``--set`` (the layers' choices left out)."""
+    from optima_trainers.config import TrainConfig
+
+    out = {k: v for k, v in field_values(ns, TrainConfig, FLAGS).items() if k not in _LAYERS}
     out.update(parse_sets(ns.set))
     return out
 
 
-def _profile(name: str) -> str:
+def _profile(name: str | None) -> str:
+    if name is None:
+        return _profile("auto")
     if name != "auto":
         return name
     try:
@@ -170,10 +165,11 @@ def _profile(name: str) -> str:
 def resolve_from_args(ns: argparse.Namespace, pm: Any) -> tuple[Any, Any]:
     """``(config, run_dir)`` from parsed arguments: a new run, or the stored one with ``--resume``."""
     from optima_env.registry import resolve_task_id, task_specs, trainer_specs
-    from optima_trainers.config import resolve_config
+    from optima_trainers.config import TrainConfig, resolve_config
     from optima_trainers.runs import RunDir
 
     overrides = _overrides(ns)
+    layers = field_values(ns, TrainConfig, [f for f in FLAGS if f.dest in _LAYERS])
     task = resolve_task_id(ns.task or "ie/synth-v0", pm)
     trainer = ns.trainer or "isft"
     specs = trainer_specs(pm)
@@ -207,7 +203,11 @@ def resolve_from_args(ns: argparse.Namespace, pm: Any) -> tuple[Any, Any]:
         return stored, run
     spec = task_specs(pm)[task]
     config = resolve_config(
-        spec, specs[trainer], preset=ns.preset, profile=_profile(ns.profile), overrides=overrides
+        spec,
+        specs[trainer],
+        preset=layers.get("preset", "code"),
+        profile=_profile(layers.get("profile")),
+        overrides=overrides,
     )
     if ns.print_config:
         return config, None
@@ -288,56 +288,50 @@ def _quiet_progress() -> None:
     os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 2 on a usage, configuration or data error,
-    130 when interrupted)."""
+    """Entry point; returns the exit status (:mod:`optima_env.cli_support`: 0 ok, 2 on a usage,
+    configuration or data error, 130 when interrupted, with the command that resumes, 1 on a bug)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "--no-progress" in argv:
         _quiet_progress()
-    from optima_env.registry import get_plugin_manager
+    state: dict[str, Any] = {"run": None, "created": False, "discarded": False}
 
-    run = None
-    created = False
-    try:
+    def body() -> int:
+        from optima_env.registry import get_plugin_manager
+
         pm = get_plugin_manager()
         wants_help = any(a in ("-h", "--help") for a in argv)
         ns = build_parser(pm if wants_help else None).parse_args(argv)
+        setup_logging(ns)
         _check_paths(ns)
         if ns.data_dir:
             os.environ["OPTIMA_DATA_DIR"] = ns.data_dir
         _set_threads(ns.threads)
-        config, run = resolve_from_args(ns, pm)
+        config, state["run"] = resolve_from_args(ns, pm)
         if ns.print_config:
             print(json.dumps(config.to_dict(), indent=2))
             return 0
-        created = not ns.resume
-        logger.info("run folder: %s", run.root)
-        metrics = _train(config, run, pm, progress=not ns.no_progress)
-    except OptimaError as exc:
-        _discard(run, created)
-        if debug:
-            raise
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        if _discard(run, created) or run is None:
-            print("interrupted before the run started; nothing to resume", file=sys.stderr)
-        else:
-            print(
-                f"interrupted; continue with: python -m optima_trainers.train --resume --run-dir {run.root}",
-                file=sys.stderr,
-            )
-        return 130
-    except BaseException:
-        _discard(run, created)
-        raise
+        state["created"] = not ns.resume
+        logger.info("run folder: %s", state["run"].root)
+        _report(_train(config, state["run"], pm, progress=not ns.no_progress), state["run"])
+        return 0
+
+    def cleanup() -> None:
+        state["discarded"] = _discard(state["run"], state["created"])
+
+    def interrupted(_: KeyboardInterrupt) -> str:
+        if state["discarded"] or state["run"] is None:
+            return "interrupted before the run started; nothing to resume"
+        resume = f"python -m optima_trainers.train --resume --run-dir {state['run'].root}"
+        return f"interrupted; continue with: {resume}"
+
+    return run_command(body, argv=argv, on_interrupt=interrupted, cleanup=cleanup)
+
+
+def _report(metrics: list[dict[str, Any]], run: Any) -> None:
+    """One line per stage with its main metrics, then the run folder."""
     keys = (
         "reward/total",
         "rollout/task_score",
@@ -350,7 +344,6 @@ def main(argv: list[str] | None = None) -> int:
         shown = ", ".join(f"{k}={record[k]:.4g}" for k in keys if k in record)
         print(f"{record['stage']}: {shown}")
     print(f"run folder: {run.root}")
-    return 0
 
 
 def _train(config: Any, run: Any, pm: Any, *, progress: bool) -> list[dict[str, Any]]:

@@ -46,8 +46,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from optima_env.backends.peft_adapter import (
     ADAPTER_WEIGHTS,
@@ -57,18 +58,27 @@ from optima_env.backends.peft_adapter import (
     is_adapter,
     verify_manifest,
 )
-from optima_env.errors import DataError, OptimaError, TaskContractError, require
+from optima_env.cli_support import (
+    Parser,
+    add_common_flags,
+    add_field_flags,
+    dataclass_from_args,
+    run_command,
+    setup_logging,
+)
+from optima_env.errors import DataError, TaskContractError, require
 from optima_env.models import source_folder
 from optima_trainers.checkpoint import is_complete, require_complete
 from optima_trainers.provenance import git_commit
 
-__all__ = ["DTYPES", "FORMAT", "TOLERANCE", "build_parser", "export_lora", "main"]
+__all__ = ["DTYPES", "FORMAT", "TOLERANCE", "ExportArgs", "build_parser", "export_lora", "main"]
 
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
 """Version of ``manifest.json``."""
-DTYPES = ("float16", "bfloat16", "float32")
+Dtype = Literal["float16", "bfloat16", "float32"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
 """Dtypes of the stored factors."""
 TOLERANCE = 1e-4
 """Largest relative Frobenius difference ``‖W_trained − W_base‖ / ‖W_base‖`` of a weight that a
@@ -352,56 +362,71 @@ def _replace(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExportArgs:
+    """The options of ``python -m optima_trainers.export`` (each becomes a ``--flag``)."""
+
+    base: str = "embedded"
+    """Base model: embedded, a Hugging Face name or a folder."""
+    model: str
+    """The trained full model folder (a checkpoint)."""
+    out: str
+    """The adapter folder to write."""
+    rank: int = 16
+    """LoRA rank r."""
+    dtype: Dtype = "float16"
+    """dtype of the stored factors."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``python -m optima_trainers.export``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m optima_trainers.export",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--base", default="embedded", help="base model: embedded, a hub name or a folder")
-    parser.add_argument("--model", required=True, help="the trained full model folder (a checkpoint)")
-    parser.add_argument("--out", required=True, type=Path, help="the adapter folder to write")
-    parser.add_argument("--rank", type=int, default=16, help="LoRA rank r (default 16)")
-    parser.add_argument("--dtype", choices=DTYPES, default="float16", help="dtype of the stored factors")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    """The argument parser of ``python -m optima_trainers.export``: one flag per :class:`ExportArgs`
+    field, plus the common ``--debug``, ``--log-level`` and ``--quiet``."""
+    parser = Parser("python -m optima_trainers.export", __doc__)
+    add_field_flags(parser, ExportArgs)
+    add_common_flags(parser)
     return parser
 
 
-def _check_flags(ns: argparse.Namespace) -> None:
+def _check_flags(args: ExportArgs) -> None:
     """Refuse flags that cannot work before any model is loaded (one line each, exit 2)."""
     from optima_env.paths import check_model_flag, check_output_folder
 
-    check_model_flag("--base", ns.base)
-    check_model_flag("--model", ns.model, names=())
-    check_output_folder("--out", ns.out)
-    if ns.rank < 1:
-        raise DataError(f"--rank must be at least 1 (the LoRA rank), got {ns.rank}; pass e.g. --rank 16")
+    check_model_flag("--base", args.base)
+    check_model_flag("--model", args.model, names=())
+    check_output_folder("--out", args.out)
+    if args.rank < 1:
+        raise DataError(f"--rank must be at least 1 (the LoRA rank), got {args.rank}; pass e.g. --rank 16")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 2 on a usage or data error)."""
+    """Entry point; returns the exit status (:mod:`optima_env.cli_support`: 0 ok, 2 on a usage or
+    data error, 130 when interrupted, 1 on a bug)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    ns = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    provenance = {
-        "command": shlex.join(["python", "-m", "optima_trainers.export", *argv]),
-        "git_commit": git_commit(Path.cwd()),
-        "model": ns.model,
-    }
-    try:
-        _check_flags(ns)
-        manifest = export_lora(ns.base, ns.model, ns.out, rank=ns.rank, dtype=ns.dtype, provenance=provenance)
-    except OptimaError as exc:
-        if ns.debug:
-            raise
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"interrupted; nothing was written to {ns.out}: rerun the same command", file=sys.stderr)
-        return 130
-    print(f"{ns.out}: {_summary(manifest)}")
-    return 0
+    setup_logging()
+    target: list[str] = ["--out"]
+
+    def body() -> None:
+        ns = build_parser().parse_args(argv)
+        setup_logging(ns)
+        args = dataclass_from_args(ExportArgs, ns)
+        target[0] = args.out
+        provenance = {
+            "command": shlex.join(["python", "-m", "optima_trainers.export", *argv]),
+            "git_commit": git_commit(Path.cwd()),
+            "model": args.model,
+        }
+        _check_flags(args)
+        out = Path(args.out)
+        manifest = export_lora(
+            args.base, args.model, out, rank=args.rank, dtype=args.dtype, provenance=provenance
+        )
+        print(f"{out}: {_summary(manifest)}")
+
+    return run_command(
+        body,
+        argv=argv,
+        on_interrupt=lambda _: f"interrupted; nothing was written to {target[0]}: rerun the same command",
+    )
 
 
 if __name__ == "__main__":

@@ -79,9 +79,11 @@ def test_bad_settings_are_one_line_errors_before_anything_runs(argv, message, tm
     assert not list(tmp_path.iterdir())  # no run folder was created
 
 
-def test_debug_shows_the_traceback(tmp_path) -> None:
-    with pytest.raises(OptimaError, match="lambda_token"):
-        main(["--set", "reward.lambda_token=-1", "--debug", "--runs-root", str(tmp_path)])
+def test_debug_shows_the_traceback(tmp_path, capsys) -> None:
+    assert main(["--set", "reward.lambda_token=-1", "--debug", "--runs-root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err  # the traceback, then the one line (optima_env.cli_support)
+    assert "Traceback (most recent call last)" in err and "ConfigError" in err
+    assert err.strip().splitlines()[-1].startswith("error: ") and "lambda_token" in err.splitlines()[-1]
 
 
 def test_resume_refuses_flags_that_change_the_stored_config(tmp_path: Path, capsys) -> None:
