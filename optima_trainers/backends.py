@@ -188,6 +188,7 @@ def train_dpo_stage(data: StageData, context: StageContext) -> StageOutcome:
         report_to=config.report_to,
         trainer_dir=data.folder / "trainer",
         seed=config.seed,
+        dtype=config.dtype,
     )
     return StageOutcome(result=result)
 

@@ -27,12 +27,15 @@ Every leaf has a dotted name (``reward.lambda_token``, ``dpo.beta``) for presets
    ``paper`` is Eq. 1 alone), then with ``preset="paper"`` the paper's algorithm switches
    (:data:`FIDELITY_PRESETS`, spec §13 items 1, 2, 3, 7, 8 and 12; ``docs/fidelity.md`` lists
    every point, its two values and its test);
-5. the compute profile (:data:`PROFILES`: ``paper`` keeps the spec's sizes; ``cpu`` shrinks every
-   size to minutes on 2 CPU cores, with LoRA; :data:`optima_trainers.presets.CPU_ENGINE` is the
+5. the compute profile (:data:`PROFILES`: ``paper`` keeps the spec's sizes with LoRA,
+   ``paper-full`` the spec's sizes with full fine-tuning; ``cpu`` shrinks every size to minutes
+   on 2 CPU cores, with LoRA; :data:`optima_trainers.presets.CPU_ENGINE` is the
    CTranslate2 alternative, not the default: see its docstring), then the backend's extras for
    that profile;
 6. explicit overrides (CLI flags and ``--set``); a reward weight set here reaches the tree reward
    too, dropping a recipe's ``tree.lambda_*`` (:attr:`TreeSearchConfig.lambda_token`).
+7. the device's defaults for what is still unset: ``dtype="auto"`` (bf16 with a GPU, fp32 on CPUs)
+   and gradient checkpointing (on with a GPU).
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ class TrainConfig:
     """Which hyperparameter table was applied (the task's recipes or the paper's, spec §13)."""
     reward_preset: Literal["code", "paper"] = "code"
     """Reward special cases: the reference code's (``code``) or Eq. 1 alone (``paper``)."""
-    profile: Literal["cpu", "paper"] = "cpu"
+    profile: Literal["cpu", "paper", "paper-full"] = "cpu"
     """Which compute profile sized the run."""
     family: str = "information_exchange"
     """Task family (from its ``TaskSpec``)."""
@@ -102,8 +105,11 @@ class TrainConfig:
     """Split the training instances come from (taken in order, cursor wraps)."""
     task_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments of the task factory (e.g. ``{"hops": 3}``)."""
-    dtype: str = "float32"
-    """Model dtype (``float32`` on CPUs without bf16)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights and training precision. ``auto`` resolves when the configuration is built: ``bfloat16``
+    with a CUDA GPU (training in bf16 mixed precision, TF32 matmuls allowed; generation and
+    readability in bf16), ``float32`` on CPUs (this project's have no native bf16: a bf16 step takes
+    minutes). ``--print-config`` shows the resolved value."""
     report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"
     """Where TRL reports training metrics, and the host loop each stage's metrics (score, tokens
     per agent, reward terms, selection and training summaries): :mod:`optima_trainers.tracking`."""
@@ -222,8 +228,9 @@ def resolve_config(
     trainer: Any,
     *,
     preset: Literal["code", "paper"] = "code",
-    profile: Literal["cpu", "paper"] = "cpu",
+    profile: Literal["cpu", "paper", "paper-full"] = "cpu",
     overrides: Mapping[str, Any] | None = None,
+    device: Literal["cpu", "cuda"] | None = None,
     **run: Any,
 ) -> TrainConfig:
     """A full :class:`TrainConfig` (the layers of the module docstring), validated.
@@ -233,7 +240,10 @@ def resolve_config(
             thresholds are used), or a task id, looked up in a fresh plugin manager.
         trainer: the backend's :class:`~optima_env.specs.TrainerSpec`, or a trainer name.
         preset: ``code`` (the task's recipes, default) or ``paper`` (the paper's tables).
-        profile: ``cpu`` (minutes on 2 cores, LoRA) or ``paper`` (the spec's sizes).
+        profile: ``cpu`` (minutes on 2 cores, LoRA), ``paper`` (the spec's sizes, LoRA) or
+            ``paper-full`` (the spec's sizes and full fine-tuning, as the reference).
+        device: ``cuda`` or ``cpu``, for the device-dependent defaults (``dtype="auto"``,
+            gradient checkpointing); ``None``: whether torch sees a CUDA GPU.
         overrides: dotted names to values (strings are parsed into the field's type).
         run: top-level fields (``model``, ``seed``, ``iterations``, ``task_kwargs``, ...), applied
             last like ``overrides``; ``None`` values are ignored.
@@ -285,7 +295,35 @@ def resolve_config(
         plain = {k: v for k, v in layer.items() if not k.startswith("options.")}
         options.update({k[len("options.") :]: v for k, v in layer.items() if k.startswith("options.")})
         config = apply(config, plain)
-    return check_options(config, trainer, options)
+    return check_options(_on_device(config, device), trainer, options)
+
+
+def _on_device(config: TrainConfig, device: str | None) -> TrainConfig:
+    """The device-dependent defaults still unset after every layer: ``dtype="auto"`` and
+    ``sft``/``dpo.gradient_checkpointing=None`` (bf16 and checkpointing with a GPU; fp32 and none
+    on CPUs). ``device=None`` asks torch (when installed) whether CUDA is there."""
+    if device is None:
+        device = "cuda" if _cuda_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    cuda = device == "cuda"
+    resolved: dict[str, Any] = {}
+    if config.dtype == "auto":
+        resolved["dtype"] = "bfloat16" if cuda else "float32"
+    for section in ("sft", "dpo"):
+        if getattr(config, section).gradient_checkpointing is None:
+            resolved[f"{section}.gradient_checkpointing"] = cuda
+    return apply(config, resolved) if resolved else config
+
+
+def _cuda_available() -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def check_options(config: TrainConfig, trainer: Any, extra: Mapping[str, Any] | None = None) -> TrainConfig:

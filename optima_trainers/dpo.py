@@ -31,7 +31,7 @@ from optima_trainers.checkpoint import TrainResult, atomic_checkpoint, is_comple
 from optima_trainers.dpo_metrics import numbers, result_metrics, split_loss_trainer
 from optima_trainers.faults import fault_point
 from optima_trainers.pairs import pairs_to_dpo_dataset
-from optima_trainers.sft import world_size
+from optima_trainers.sft import allow_tf32, checkpointing_for, world_size
 from optima_trainers.types import PreferencePair
 
 __all__ = ["LOG_FILE", "DPOTrainConfig", "dpo_args", "train_dpo"]
@@ -77,6 +77,10 @@ class DPOTrainConfig:
     epoch and of the stage: TRL's ``eval_*`` metrics (reward accuracy and margins, log-probs, the
     loss and its DPO/NLL parts) go into the stage's history and metrics. A stage with too few
     pairs for a held-out one records ``eval_pairs`` 0 and no ``eval_*``."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in the backward pass (less memory, about a third more compute).
+    ``None``: on with a GPU, off on CPUs (where it only costs time), resolved when the run's
+    configuration is built (``--print-config`` shows the value)."""
     lora: bool = True
     """Train a LoRA adapter (merged into the weights when saved); False: full fine-tuning."""
     lora_r: int = 16
@@ -131,11 +135,15 @@ def dpo_args(
     report_to: str | list[str] = "none",
     seed: int = 0,
     evaluate: bool = False,
+    dtype: str = "float32",
 ):
-    """The TRL ``DPOConfig`` of a stage (fp32, no gradient checkpointing, CPU when there is no GPU);
-    ``evaluate``: evaluate the eval dataset at the end of every epoch."""
+    """The TRL ``DPOConfig`` of a stage (bf16 mixed precision and gradient checkpointing on a GPU
+    unless the config says otherwise; CPU when there is no GPU); ``evaluate``: evaluate the eval
+    dataset at the end of every epoch."""
     torch = require("torch", "train")
     trl = require("trl", "train")
+    use_cuda = torch.cuda.is_available()
+    allow_tf32(torch)
     per_device = min(config.per_device_batch_size, config.batch_size)
     accumulation = max(1, math.ceil(config.batch_size / (per_device * world_size())))
     if config.rpo_alpha is None or config.rpo_scope == "credited":  # credited: the NLL is added by
@@ -154,10 +162,10 @@ def dpo_args(
         lr_scheduler_type=config.lr_scheduler,
         warmup_steps=config.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of the steps
         max_length=config.max_length,
-        bf16=False,  # this CPU has no native bf16: autocast makes a step take minutes
+        bf16=dtype == "bfloat16" and use_cuda,  # CPU: bf16 weights, no autocast (minutes a step)
         fp16=False,
-        gradient_checkpointing=False,
-        use_cpu=not torch.cuda.is_available(),
+        gradient_checkpointing=checkpointing_for(config.gradient_checkpointing, use_cuda),
+        use_cpu=not use_cuda,
         report_to=report_to,
         save_strategy="no",
         logging_steps=config.logging_steps,
@@ -180,17 +188,20 @@ def _fault_callback_class() -> Any:
     return FaultCallback
 
 
-def _models(path: str, ref_model_path: str | None, config: DPOTrainConfig) -> tuple[Any, Any, Any]:
-    """The policy (fp32), the reference model when one is given, and the LoRA config (or None)."""
+def _models(
+    path: str, ref_model_path: str | None, config: DPOTrainConfig, dtype: str
+) -> tuple[Any, Any, Any]:
+    """The policy and the reference model when one is given, in the run's ``dtype``, and the LoRA
+    config (or None)."""
     torch = require("torch", "train")
     transformers = require("transformers", "train")
     from optima_env.models import resolve_model_path
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     ref_model = None
     if ref_model_path is not None:
         ref_model = transformers.AutoModelForCausalLM.from_pretrained(
-            resolve_model_path(ref_model_path), dtype=torch.float32
+            resolve_model_path(ref_model_path), dtype=getattr(torch, dtype)
         )
     if not config.lora:
         return model, ref_model, None
@@ -222,6 +233,7 @@ def train_dpo(
     report_to: str | list[str] = "none",
     trainer_dir: str | os.PathLike[str] | None = None,
     seed: int = 0,
+    dtype: str = "float32",
 ) -> TrainResult:
     """Train one DPO/RPO stage from ``model_path`` on ``pairs`` and save the merged model.
 
@@ -281,7 +293,7 @@ def train_dpo(
             f"every training pair's prompt has >= max_length={config.max_length} tokens; raise max_length"
         )
 
-    model, ref_model, peft_config = _models(path, ref_model_path, config)
+    model, ref_model, peft_config = _models(path, ref_model_path, config, dtype)
     trainer_dir = (
         Path(trainer_dir) if trainer_dir is not None else output_dir.with_name(output_dir.name + ".trainer")
     )
@@ -289,7 +301,9 @@ def train_dpo(
     trainer = split_loss_trainer(credited_alpha=float(config.rpo_alpha) if credited else None)(
         model=model,
         ref_model=ref_model,
-        args=dpo_args(config, output_dir=trainer_dir, report_to=report_to, seed=seed, evaluate=evaluate),
+        args=dpo_args(
+            config, output_dir=trainer_dir, report_to=report_to, seed=seed, evaluate=evaluate, dtype=dtype
+        ),
         train_dataset=datasets.Dataset.from_list(train_rows),
         eval_dataset=datasets.Dataset.from_list(eval_rows) if evaluate else None,
         processing_class=tokenizer,

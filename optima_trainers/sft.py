@@ -1,11 +1,13 @@
-"""SFT on masked examples with TRL's ``SFTTrainer`` (LoRA by default on CPU, or full fine-tuning).
+"""SFT on masked examples with TRL's ``SFTTrainer`` (LoRA by default, or full fine-tuning).
 
 The examples come pre-tokenized from :mod:`optima_trainers.sft_data`: columns ``input_ids`` and
 ``assistant_masks``. TRL 1.16 accepts that as is: a dataset with ``input_ids`` is "already
 processed", and its ``assistant_masks`` column is folded into ``labels`` (``-100`` outside the
 mask) before training, whatever ``completion_only_loss`` says; no chat-template ``{% generation %}``
-markers are needed. Training runs in fp32 with ``bf16=False`` and ``gradient_checkpointing=False``
-(required on CPUs without bf16, see ``docs/feasibility.md``).
+markers are needed. Precision follows the run's ``dtype``: on a GPU bf16 mixed precision (TF32
+matmuls allowed) with gradient checkpointing by default; on a CPU the weights in that dtype
+without autocast (fp32 by default: this project's CPUs have no native bf16, see
+``docs/feasibility.md``) and no gradient checkpointing.
 
 The checkpoint is written atomically (:func:`optima_trainers.checkpoint.atomic_checkpoint`) as a
 plain model folder: LoRA adapters are merged into the weights first, so the next iteration, a
@@ -30,7 +32,15 @@ from optima_trainers.checkpoint import TrainResult, atomic_checkpoint, require_c
 from optima_trainers.faults import fault_point
 from optima_trainers.sft_data import MaskedExample
 
-__all__ = ["SFTTrainConfig", "check_report_to", "lora_config", "train_sft", "world_size"]
+__all__ = [
+    "SFTTrainConfig",
+    "allow_tf32",
+    "check_report_to",
+    "checkpointing_for",
+    "lora_config",
+    "train_sft",
+    "world_size",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +66,10 @@ class SFTTrainConfig:
     """Longest example in tokens (longer ones are cut at the end)."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (``None``: run the epochs)."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in the backward pass (less memory, about a third more compute).
+    ``None``: on with a GPU, off on CPUs (where it only costs time), resolved when the run's
+    configuration is built (``--print-config`` shows the value)."""
     lora: bool = True
     """Train a LoRA adapter (merged into the weights at save) instead of every weight."""
     lora_r: int = 16
@@ -93,6 +107,19 @@ class SFTTrainConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1):
                 raise TaskContractError(f"sft.{name} must lie in [0, 1), got {value!r}")
+
+
+def allow_tf32(torch: Any) -> None:
+    """TF32 matmuls on a GPU (Ampere and later: about twice the fp32 matmul speed, 10-bit mantissa
+    inside the product; bf16 training is not affected)."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def checkpointing_for(setting: bool | None, use_cuda: bool) -> bool:
+    """``gradient_checkpointing``: the config's value, or (``None``) on with a GPU, off on CPUs."""
+    return use_cuda if setting is None else setting
 
 
 def world_size() -> int:
@@ -184,6 +211,7 @@ def train_sft(
     per_device = max(1, min(config.per_device_batch_size, config.batch_size))
     accumulation = max(1, math.ceil(config.batch_size / (per_device * world_size())))
     use_cuda = torch.cuda.is_available()
+    allow_tf32(torch)
     args = trl.SFTConfig(
         output_dir=str(trainer_dir),
         per_device_train_batch_size=per_device,
@@ -195,9 +223,9 @@ def train_sft(
         lr_scheduler_type="cosine",
         warmup_steps=config.warmup_ratio,
         max_length=config.max_length,
-        bf16=dtype == "bfloat16" and use_cuda,  # never on CPU: no native bf16 (feasibility study)
+        bf16=dtype == "bfloat16" and use_cuda,  # CPU: bf16 weights, no autocast (feasibility study)
         fp16=False,
-        gradient_checkpointing=False,
+        gradient_checkpointing=checkpointing_for(config.gradient_checkpointing, use_cuda),
         use_cpu=not use_cuda,
         seed=seed,
         data_seed=seed,

@@ -15,11 +15,11 @@ from tests.helpers import TinyTask as ToyTask
 
 
 def test_isft_code_and_paper_presets_differ_where_the_spec_says() -> None:
-    code = resolve_config("ie/triviaqa-v0", "isft", profile="paper")
-    paper = resolve_config("ie/triviaqa-v0", "isft", preset="paper", profile="paper")
+    code = resolve_config("ie/triviaqa-v0", "isft", profile="paper-full")
+    paper = resolve_config("ie/triviaqa-v0", "isft", preset="paper", profile="paper-full")
     assert (code.selection.theta, paper.selection.theta) == (0.5, 0.6)  # Table 8 vs recipe
-    math_code = resolve_config("debate/math-v0", "isft", profile="paper")
-    math_paper = resolve_config("debate/math-v0", "isft", preset="paper", profile="paper")
+    math_code = resolve_config("debate/math-v0", "isft", profile="paper-full")
+    math_paper = resolve_config("debate/math-v0", "isft", preset="paper", profile="paper-full")
     assert (math_code.reward.lambda_loss, math_paper.reward.lambda_loss) == (0.8, 0.9)
     assert math_code.selection.keep == (0.1, 0.8) and math_code.sft.restart_from_base
     assert math_code.generation.init_temperature == 0.7 and math_code.family == "debate"
@@ -31,7 +31,7 @@ def test_isft_code_and_paper_presets_differ_where_the_spec_says() -> None:
 
 
 def test_idpo_and_isft_dpo_presets() -> None:
-    gsm = resolve_config("debate/gsm8k-v0", "idpo", profile="paper")
+    gsm = resolve_config("debate/gsm8k-v0", "idpo", profile="paper-full")
     assert (gsm.dpo.beta, gsm.tree.theta_filter, gsm.dpo.rpo_alpha, gsm.tree.normalizer_percentile) == (
         0.25,
         0.5,
@@ -51,11 +51,11 @@ def test_idpo_and_isft_dpo_presets() -> None:
     )
     assert (gsm.reward.lambda_token, gsm.reward.lambda_loss) == (0.4, 0.9)  # the iSFT initialization
     assert gsm.tree_reward.impersonation == "mcts" and gsm.reward.impersonation == "sft"
-    arc = resolve_config("debate/arc_challenge-v0", "idpo", profile="paper")
+    arc = resolve_config("debate/arc_challenge-v0", "idpo", profile="paper-full")
     assert arc.iterations == 2 and arc.generation.num_samples == 15 and arc.generation.init_temperature == 0.3
-    assert resolve_config("debate/arc_challenge-v0", "idpo", preset="paper", profile="paper").iterations == 5
-    hotpot = resolve_config("ie/hotpotqa-v0", "isft-dpo", profile="paper")
-    hotpot_paper = resolve_config("ie/hotpotqa-v0", "isft-dpo", preset="paper", profile="paper")
+    assert resolve_config("debate/arc_challenge-v0", "idpo", preset="paper", profile="paper-full").iterations == 5
+    hotpot = resolve_config("ie/hotpotqa-v0", "isft-dpo", profile="paper-full")
+    hotpot_paper = resolve_config("ie/hotpotqa-v0", "isft-dpo", preset="paper", profile="paper-full")
     assert (hotpot.dpo.beta, hotpot_paper.dpo.beta) == (0.1, 0.5)
     assert hotpot.dpo.rpo_alpha is None and hotpot.tree.normalizer_percentile == 80.0
     assert (hotpot.sft.epochs, hotpot.generation.instances, hotpot.tree.instances, hotpot.iterations) == (
@@ -64,7 +64,7 @@ def test_idpo_and_isft_dpo_presets() -> None:
         12000,
         3,
     )
-    mmlu = resolve_config("debate/mmlu-v0", "isft-dpo", profile="paper")
+    mmlu = resolve_config("debate/mmlu-v0", "isft-dpo", profile="paper-full")
     assert (mmlu.selection.theta, mmlu.tree.theta_filter) == (0.7, 0.45)
 
 
@@ -74,7 +74,7 @@ def test_cpu_profile_sizes_and_overrides() -> None:
     assert (config.generation.instances, config.generation.num_samples) == (6, 3)
     assert config.generation.stop_at_speaker_tags and config.selection.theta == -0.5
     assert resolve_config("ie/synth-v0", "isft", profile="cpu").iterations == 2  # the trainer's cpu value
-    paper = resolve_config("ie/hotpotqa-v0", "isft", profile="paper")
+    paper = resolve_config("ie/hotpotqa-v0", "isft", profile="paper-full")
     assert (
         not paper.sft.lora and not paper.generation.stop_at_speaker_tags and paper.generation.max_turns == 10
     )
@@ -125,7 +125,7 @@ def test_a_task_without_presets_gets_the_generic_defaults_with_a_notice(
     (trainer,) = [s for s in pm.hook.optima_register_trainers() for s in s if s.name == "isft"]
     spec = TaskSpec(id="acme/riddles-v0", factory=ToyTask, family="debate")
     with caplog.at_level(logging.WARNING):
-        config = resolve_config(spec, trainer, profile="paper")
+        config = resolve_config(spec, trainer, profile="paper-full")
     assert "has no 'code' preset for trainer 'isft'" in caplog.text and "generic defaults" in caplog.text
     defaults = TrainConfig(task="x", trainer="isft")
     assert config.reward == defaults.reward and config.selection == defaults.selection
@@ -134,7 +134,7 @@ def test_a_task_without_presets_gets_the_generic_defaults_with_a_notice(
     # and not the presets of a task whose name it happens to contain
     named = TaskSpec(id="acme/hotpotqa_like-v0", factory=ToyTask, family="information_exchange")
     assert (
-        resolve_config(named, trainer, profile="paper").generation.num_samples
+        resolve_config(named, trainer, profile="paper-full").generation.num_samples
         == defaults.generation.num_samples
     )
 
