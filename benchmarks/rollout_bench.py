@@ -68,7 +68,7 @@ from optima_env.errors import RunConfigError
 from optima_env.io import write_json_atomic, write_text_atomic
 from optima_env.paths import check_model_flag, check_output_folder, folder_lock
 
-__all__ = ["PHASES", "SuiteConfig", "run_rollout_suite"]
+__all__ = ["PHASES", "SuiteConfig", "build_parser", "main", "run_rollout_suite"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,14 +217,19 @@ def main(argv: list[str] | None = None) -> int:
     )
 
 
-def _main(argv: list[str]) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """``--out``, ``--phases``, one flag per :class:`SuiteConfig` field and the common flags."""
     parser = Parser("python -m benchmarks.rollout_bench", __doc__)
     parser.add_argument("--out", default="results/rollout_bench", help="output folder")
     parser.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES, help="phases to run")
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # child-process entry
     add_field_flags(parser, SuiteConfig)
     add_common_flags(parser)
-    ns = parser.parse_args(argv)
+    return parser
+
+
+def _main(argv: list[str]) -> None:
+    ns = build_parser().parse_args(argv)
     setup_logging(ns)
     cfg = dataclass_from_args(SuiteConfig, ns)
     if ns.phase:
