@@ -11,11 +11,15 @@ Examples::
 ``--trainer`` takes any trainer registered through the ``optima`` entry points (``--help`` lists
 the installed ones and their own options). Values come from the task's presets (``--preset
 code|paper``) sized by ``--profile cpu|paper`` (``auto``: ``paper`` with a GPU, else ``cpu``);
-every flag below overrides them, and ``--set NAME=VALUE`` reaches any field of the configuration
+every flag below overrides them (each an alias of a configuration field, made by
+:mod:`optima_env.cli_support` from :data:`FLAGS`: its help is the field's docstring, with the
+dotted name in brackets), and ``--set NAME=VALUE`` reaches any field of the configuration
 tree by its dotted name, parsed into the field's type (a bad name or value is refused before
 anything runs). ``--resume`` continues a run from its folder with its stored configuration (only
-``--iterations`` may change). Expected errors print one line and exit with status 2 (``--debug``
-shows the traceback): a path flag that cannot work (``--model``, ``--readability-model``,
+``--iterations`` may change). Exit statuses are every command's (:mod:`optima_env.cli_support`):
+expected errors print one line and exit with status 2 (``--debug`` prints the traceback first;
+``--log-level`` / ``--quiet`` set the log lines), a bug exits with 1: a path flag that cannot
+work (``--model``, ``--readability-model``,
 ``--run-dir``, ``--data-dir``) is refused before anything loads, and a run that fails before its
 first stage leaves no folder behind. A stage whose iSFT selection keeps nothing stops the run,
 saying how far the best trajectory fell short of θ_sft. Ctrl-C prints the command that resumes
