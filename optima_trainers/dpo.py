@@ -30,8 +30,9 @@ from optima_env.io import write_json_atomic
 from optima_trainers.checkpoint import TrainResult, atomic_checkpoint, is_complete
 from optima_trainers.dpo_metrics import numbers, result_metrics, split_loss_trainer
 from optima_trainers.faults import fault_point
+from optima_trainers.memory import release, track
 from optima_trainers.pairs import pairs_to_dpo_dataset
-from optima_trainers.sft import allow_tf32, checkpointing_for, world_size
+from optima_trainers.sft import allow_tf32, checkpointing_for, free_trainer, world_size
 from optima_trainers.types import PreferencePair
 
 __all__ = ["LOG_FILE", "DPOTrainConfig", "dpo_args", "train_dpo"]
@@ -310,6 +311,8 @@ def train_dpo(
         peft_config=peft_config,
         callbacks=[_fault_callback_class()()],
     )
+    track("dpo", model, ref_model, trainer)
+    del model, ref_model
     output = trainer.train()
     history = trainer.state.log_history
     if evaluate and not any("eval_loss" in h and h.get("step") == output.global_step for h in history):
@@ -335,6 +338,9 @@ def train_dpo(
         if not config.lora:
             trainer.save_model(str(output_dir.parent / f".{output_dir.name}.tmp-write"))  # ZeRO-3 gather
         accelerator.wait_for_everyone()
+        free_trainer(trainer)
+        del trainer
+        release()
         return result
     with atomic_checkpoint(output_dir) as (tmp, finish):
         if config.lora:
@@ -346,4 +352,7 @@ def train_dpo(
         fault_point("checkpoint")
         accelerator.wait_for_everyone()
         finish(result)
+    free_trainer(trainer)  # the next phase (an engine, the next stage) needs the memory back
+    del trainer
+    release()
     return result

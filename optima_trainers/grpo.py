@@ -91,7 +91,8 @@ def train_grpo_stage(data: StageData, context: StageContext) -> StageOutcome:
     from optima_env.backends.loading import load_policy
     from optima_trainers.generation import episode_summary
     from optima_trainers.integrations.trl import OptimaRollout, grpo_prompts, reward_functions
-    from optima_trainers.sft import check_report_to, lora_config, world_size
+    from optima_trainers.memory import release, track
+    from optima_trainers.sft import check_report_to, free_trainer, lora_config, world_size
 
     config, task = context.config, context.task
     start_model, output_dir = context.start_model, context.output_dir
@@ -166,6 +167,7 @@ def train_grpo_stage(data: StageData, context: StageContext) -> StageOutcome:
         peft_config=lora_config(config.sft.lora_r, config.sft.lora_alpha) if config.sft.lora else None,
         rollout_func=rollout,
     )
+    track("grpo", model, trainer)
     output = trainer.train()
     logged = [h for h in trainer.state.log_history if "reward" in h]
     metrics = {
@@ -190,6 +192,8 @@ def train_grpo_stage(data: StageData, context: StageContext) -> StageOutcome:
             tokenizer.save_pretrained(tmp)
             finish(result)
     accelerator.wait_for_everyone()
-    return StageOutcome(
-        result=require_complete(output_dir) if accelerator.is_main_process else result, metrics=metrics
-    )
+    main = accelerator.is_main_process
+    free_trainer(trainer)  # the next phase needs the memory back (optima_trainers.memory)
+    del trainer, model, frozen, rollout
+    release()
+    return StageOutcome(result=require_complete(output_dir) if main else result, metrics=metrics)

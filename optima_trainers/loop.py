@@ -30,7 +30,6 @@ for each stage's data on disk, then every process receives it through the same h
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import time
@@ -53,6 +52,7 @@ from optima_trainers.config import TrainConfig, check_options
 from optima_trainers.faults import fault_point
 from optima_trainers.generation import GenerationContext, load_readability_scorer
 from optima_trainers.hookspecs import add_trainer_hookspecs
+from optima_trainers.memory import release
 from optima_trainers.runs import RunDir, read_instances, read_stage_result, wait_for
 from optima_trainers.sample_stage import generate_sample_stage, read_sample_stage
 from optima_trainers.stages import Stage, StageData, StageOutcome, stage_seed
@@ -306,6 +306,12 @@ class IterativeTrainer:
 
     def _load(self, model: str) -> Any:
         gen = self.config.generation
+        if gen.backend == "vllm" and self._scorer is not None:
+            # vLLM sizes its engine from the memory free when it starts (and refuses to start below
+            # gpu_memory_utilization): the frozen readability model leaves first, loaded again
+            # when the stage scores
+            self._scorer = None
+            release()
         return load_policy(
             model,
             backend=gen.backend,
@@ -321,7 +327,7 @@ class IterativeTrainer:
         if callable(close):
             close()
         del policy
-        gc.collect()
+        release()
 
     @property
     def scorer(self) -> Any:

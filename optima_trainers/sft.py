@@ -30,6 +30,7 @@ from typing import Any
 from optima_env.errors import MissingDependencyError, TaskContractError, require
 from optima_trainers.checkpoint import TrainResult, atomic_checkpoint, require_complete
 from optima_trainers.faults import fault_point
+from optima_trainers.memory import release, track
 from optima_trainers.sft_data import MaskedExample
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "allow_tf32",
     "check_report_to",
     "checkpointing_for",
+    "free_trainer",
     "lora_config",
     "train_sft",
     "world_size",
@@ -252,6 +254,7 @@ def train_sft(
         else None,
         callbacks=[_FaultCallback()],
     )
+    track("sft", model, trainer)
     output = trainer.train()
     metrics: dict[str, float] = {
         k: float(v) for k, v in output.metrics.items() if isinstance(v, (int, float)) and k != "total_flos"
@@ -270,11 +273,11 @@ def train_sft(
         if not config.lora:
             trainer.save_model(str(output_dir.parent / f".{output_dir.name}.tmp-write"))  # ZeRO-3 gather
         accelerator.wait_for_everyone()
+        _free(trainer)
         return result
     with atomic_checkpoint(output_dir) as (tmp, finish):
         if config.lora:
-            merged = accelerator.unwrap_model(trainer.model).merge_and_unload()
-            merged.save_pretrained(tmp)
+            accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(tmp)
         else:
             trainer.save_model(str(tmp))
         tokenizer.save_pretrained(tmp)
@@ -283,7 +286,22 @@ def train_sft(
         finish(result)
     shutil.rmtree(trainer_dir / "checkpoint-final", ignore_errors=True)
     logger.info("saved %s (loss %s, %d steps)", output_dir, result.train_loss, result.steps)
-    del trainer, model
-    if use_cuda:
-        torch.cuda.empty_cache()
+    del model
+    _free(trainer)
     return require_complete(output_dir)
+
+
+def free_trainer(trainer: Any) -> None:
+    """Drop what a finished transformers/TRL trainer holds (accelerate's prepared model, optimizer
+    and scheduler references, the trainer's own model), so that :func:`optima_trainers.memory.
+    release` can return the memory before the next phase (a vLLM engine or the next stage)."""
+    trainer.accelerator.free_memory()
+    for name in ("model", "model_wrapped", "optimizer", "lr_scheduler", "ref_model"):
+        if hasattr(trainer, name):
+            setattr(trainer, name, None)
+
+
+def _free(trainer: Any) -> None:
+    free_trainer(trainer)
+    del trainer
+    release()
