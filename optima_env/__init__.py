@@ -49,6 +49,7 @@ from optima_env.prompts import INFORMATION_EXCHANGE_PROMPT, PEER_DEBATE_PROMPT, 
 from optima_env.readability import TransformersLMLoss
 from optima_env.registry import (
     ReadabilitySpec,
+    Recipe,
     TaskSpec,
     TrainerSpec,
     get_plugin_manager,
@@ -91,6 +92,7 @@ __all__ = [
     "PerAgentPolicy",
     "PluginError",
     "ReadabilitySpec",
+    "Recipe",
     "RewardBreakdown",
     "RewardConfig",
     "RolloutError",

@@ -5,7 +5,8 @@ them with the ``optima_env.hookimpl`` marker and is found through the ``optima``
 (see :func:`optima_env.registry.get_plugin_manager`).
 
 Registration
-    ``optima_register_tasks``, ``optima_register_trainers``, ``optima_register_readability_scorers``
+    ``optima_register_tasks``, ``optima_register_trainers``, ``optima_register_recipes``,
+    ``optima_register_readability_scorers``
 Configuration
     ``optima_configure``
 Rollout (episode events)
@@ -19,13 +20,13 @@ run's plugin manager; they use the same ``hookimpl`` marker.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
-    from optima_env.specs import ReadabilitySpec, TaskSpec, TrainerSpec
+    from optima_env.specs import ReadabilitySpec, Recipe, TaskSpec, TrainerSpec
     from optima_env.types import Episode
 
 PROJECT_NAME = "optima"
@@ -41,6 +42,7 @@ __all__ = [
     "optima_episode_end",
     "optima_episode_start",
     "optima_register_readability_scorers",
+    "optima_register_recipes",
     "optima_register_tasks",
     "optima_register_trainers",
 ]
@@ -66,6 +68,17 @@ def optima_register_trainers() -> list[TrainerSpec]:
 
     Called by :func:`optima_env.registry.trainer_specs`; lists are flattened; duplicate names raise
     :class:`~optima_env.errors.PluginError`.
+    """
+
+
+@hookspec
+def optima_register_recipes() -> list[Recipe]:
+    """Return the per-task trainer recipes this plugin provides (:class:`~optima_env.specs.Recipe`).
+
+    A task plugin registers the recipes it was tuned with for the trainers it knows (the built-in
+    tasks: the paper's for ``isft``, ``idpo``, ``isft-dpo``); a trainer plugin registers its own for
+    the tasks it knows. Collected by :func:`optima_env.registry.recipe_specs`; the same ``(task,
+    trainer, preset)`` from two plugins raises :class:`~optima_env.errors.PluginError` naming both.
     """
 
 

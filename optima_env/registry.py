@@ -1,4 +1,4 @@
-"""Plugin manager, task/trainer registries and ``make``.
+"""Plugin manager, task/trainer/recipe registries and ``make``.
 
 Tasks and trainers are found only through pluggy hooks. :func:`get_plugin_manager` builds a fresh
 manager (there is no global one): it adds the hookspecs and loads the ``optima`` entry-point group,
@@ -21,7 +21,7 @@ import pluggy
 
 from optima_env import hookspecs
 from optima_env.errors import PluginError, UnknownTaskError
-from optima_env.specs import TASK_ID_PATTERN, ReadabilitySpec, TaskSpec, TrainerSpec
+from optima_env.specs import TASK_ID_PATTERN, ReadabilitySpec, Recipe, TaskSpec, TrainerSpec
 
 if TYPE_CHECKING:
     from optima_env.conversation_env import ConversationEnv
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ReadabilitySpec",
+    "Recipe",
     "TaskSpec",
     "TrainerSpec",
     "get_plugin_manager",
@@ -37,6 +38,7 @@ __all__ = [
     "make_parallel",
     "make_task",
     "readability_specs",
+    "recipe_specs",
     "resolve_task_id",
     "task_specs",
     "trainer_specs",
@@ -146,9 +148,12 @@ def _load_entry_points(pm: pluggy.PluginManager, group: str, *, strict: bool) ->
                 distinfo.append((plugin, dist))
 
 
-def _collect(pm: pluggy.PluginManager, hook_name: str, key: str) -> dict[str, tuple[Any, str]]:
-    """Call a ``register_*`` hook per plugin and index the results, rejecting duplicates."""
-    found: dict[str, tuple[Any, str]] = {}
+def _collect(
+    pm: pluggy.PluginManager, hook_name: str, key: str, kind: type | None = None
+) -> dict[Any, tuple[Any, str]]:
+    """Call a ``register_*`` hook per plugin and index the results by attribute ``key``, rejecting
+    duplicates (and, given ``kind``, anything that is not one)."""
+    found: dict[Any, tuple[Any, str]] = {}
     hook = getattr(pm.hook, hook_name)
     for impl in reversed(hook.get_hookimpls()):
         plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
@@ -160,11 +165,21 @@ def _collect(pm: pluggy.PluginManager, hook_name: str, key: str) -> dict[str, tu
                 f"plugin {plugin_name!r}: {hook_name}() must return a list, got {type(specs).__name__}"
             )
         for spec in specs:
+            if kind is not None and not isinstance(spec, kind):
+                raise PluginError(
+                    f"plugin {plugin_name!r}: {hook_name}() must return {kind.__name__} records, "
+                    f"got {type(spec).__name__}"
+                )
             name = getattr(spec, key)
             if name in found:
+                what, fix = (
+                    (str(spec), "drop one of the two recipes or uninstall one plugin")
+                    if kind is Recipe
+                    else (f"{key} {name!r}", "uninstall or rename one of them")
+                )
                 raise PluginError(
-                    f"{key} {name!r} is registered twice: by plugin {found[name][1]!r} and by "
-                    f"plugin {plugin_name!r}; uninstall or rename one of them"
+                    f"{what} is registered twice: by plugin {found[name][1]!r} and by "
+                    f"plugin {plugin_name!r}; {fix}"
                 )
             found[name] = (spec, plugin_name)
     return found
@@ -180,6 +195,12 @@ def trainer_specs(pm: pluggy.PluginManager | None = None) -> dict[str, TrainerSp
     """All registered trainer backends, by name."""
     pm = pm or get_plugin_manager()
     return {k: v[0] for k, v in sorted(_collect(pm, "optima_register_trainers", "name").items())}
+
+
+def recipe_specs(pm: pluggy.PluginManager | None = None) -> dict[tuple[str, str, str], Recipe]:
+    """All registered recipes, by ``(task id, trainer name, preset)``."""
+    pm = pm or get_plugin_manager()
+    return {k: v[0] for k, v in sorted(_collect(pm, "optima_register_recipes", "key", Recipe).items())}
 
 
 def readability_specs(pm: pluggy.PluginManager | None = None) -> dict[str, ReadabilitySpec]:

@@ -18,9 +18,10 @@ Every leaf has a dotted name (``reward.lambda_token``, ``dpo.beta``) for presets
 
 1. the field defaults (the generic defaults: the reference recipes' common values);
 2. the trainer backend's defaults (``TrainerSpec.defaults``, e.g. iDPO's ``dpo.rpo_alpha = 1.0``);
-3. the task's presets for that trainer (``TaskSpec.presets["code"][trainer]``), then with
-   ``preset="paper"`` the paper's differences (``TaskSpec.presets["paper"][trainer]``, spec §13
-   items 5-6). A task without presets keeps the generic defaults (one notice is logged; a debate
+3. the recipe for this task and trainer (a :class:`~optima_env.specs.Recipe` with ``preset="code"``,
+   registered through the ``optima_register_recipes`` hook by the task's plugin or the trainer's),
+   then with ``preset="paper"`` the paper's differences (the ``preset="paper"`` recipe, spec §13
+   items 5-6). Without a recipe the generic defaults stay (one notice is logged; a debate
    task also restarts SFT from the base model, spec §5 item 8). The task's own reward thresholds
    (``TaskSpec.reward``) apply to the run's reward;
 4. the reward preset (:data:`REWARD_PRESETS`: ``code`` keeps the reference's special cases,
@@ -205,21 +206,29 @@ def _task_reward(reward: Mapping[str, Any]) -> dict[str, Any]:
     return {f"reward.{k}": v for k, v in reward.items()}
 
 
-def _task_presets(task: Any, trainer: str, preset: str, family: str) -> dict[str, Any]:
-    presets = getattr(task, "presets", None) or {}
-    code = dict(presets.get("code", {}).get(trainer, {}))
+def _task_presets(task: Any, trainer: str, preset: str, family: str, pm: Any = None) -> dict[str, Any]:
+    """Layer 3: the ``code`` recipe registered for (task, trainer), then under ``preset="paper"``
+    the ``paper`` one on top (:func:`optima_env.registry.recipe_specs` of ``pm``, or of a fresh
+    plugin manager)."""
+    from optima_env.registry import get_plugin_manager, recipe_specs
+
+    recipes = recipe_specs(pm if pm is not None else get_plugin_manager())
+    task_id = getattr(task, "id", task)
+    found = {p: dict(r.values) for (t, n, p), r in recipes.items() if (t, n) == (task_id, trainer)}
+    code = found.get("code", {})
     if not code:
         logger.warning(
             "task %r has no %r preset for trainer %r: training with the generic defaults "
-            "(optima_trainers.config; set TaskSpec.presets to give the task its own)",
-            getattr(task, "id", task),
+            "(optima_trainers.config; a plugin gives it one by registering a Recipe through "
+            "optima_register_recipes)",
+            task_id,
             "code",
             trainer,
         )
         if family == DEBATE:
             code["sft.restart_from_base"] = True  # spec §5 item 8: debate SFT restarts from the base
     if preset == "paper":
-        code.update(presets.get("paper", {}).get(trainer, {}))
+        code.update(found.get("paper", {}))
     return code
 
 
@@ -227,6 +236,7 @@ def resolve_config(
     task: Any,
     trainer: Any,
     *,
+    pm: Any = None,
     preset: Literal["code", "paper"] = "code",
     profile: Literal["cpu", "paper", "paper-full"] = "cpu",
     overrides: Mapping[str, Any] | None = None,
@@ -236,9 +246,11 @@ def resolve_config(
     """A full :class:`TrainConfig` (the layers of the module docstring), validated.
 
     Args:
-        task: the task's :class:`~optima_env.specs.TaskSpec` (its id, family, presets and reward
-            thresholds are used), or a task id, looked up in a fresh plugin manager.
+        task: the task's :class:`~optima_env.specs.TaskSpec` (its id, family and reward
+            thresholds are used), or a task id, looked up in ``pm``.
         trainer: the backend's :class:`~optima_env.specs.TrainerSpec`, or a trainer name.
+        pm: the plugin manager whose tasks, trainers and recipes are used (``None``: a fresh one,
+            :func:`optima_env.registry.get_plugin_manager`); pass the one plugins were added to.
         preset: ``code`` (the task's recipes, default) or ``paper`` (the paper's tables).
         profile: ``cpu`` (minutes on 2 cores, LoRA), ``paper`` (the spec's sizes, LoRA) or
             ``paper-full`` (the spec's sizes and full fine-tuning, as the reference).
@@ -255,7 +267,7 @@ def resolve_config(
     if isinstance(task, str) or isinstance(trainer, str):
         from optima_env.registry import get_plugin_manager, task_specs, trainer_specs
 
-        pm = get_plugin_manager()
+        pm = pm if pm is not None else get_plugin_manager()
         if isinstance(task, str):
             from optima_env.registry import resolve_task_id
 
@@ -278,7 +290,7 @@ def resolve_config(
         raise ConfigError(f"reward_preset must be one of {sorted(REWARD_PRESETS)}, got {reward_preset!r}")
     layers: list[Mapping[str, Any]] = [
         dict(trainer.defaults),
-        _task_presets(task, trainer.name, preset, task.family),
+        _task_presets(task, trainer.name, preset, task.family, pm),
         _task_reward(task.reward),
         REWARD_PRESETS[reward_preset],
         FIDELITY_PRESETS[preset],  # spec §13: the paper's algorithm switches under preset="paper"

@@ -69,10 +69,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from optima_env import TaskSpec, hookimpl
+from optima_env import Recipe, TaskSpec, hookimpl
 from optima_env.families import SupportingFactsTask
 
-__all__ = ["TwoWikiMultihopQATask", "optima_register_tasks"]
+__all__ = ["TwoWikiMultihopQATask", "optima_register_recipes", "optima_register_tasks"]
 
 TASK_ID = "ie/2wikimultihopqa-v0"
 
@@ -92,7 +92,8 @@ class TwoWikiMultihopQATask(SupportingFactsTask):
         return {"require_context": self.require_context}
 
 
-# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# Recipes of the built-in trainers for this task (spec §5-§7 tables), registered as Recipe
+# records below: the reference code's recipes, and as "paper" the
 # paper's Table 8 values where they differ (spec §13 item 5).
 _ISFT = {
     "sft.learning_rate": 2e-05,
@@ -105,7 +106,7 @@ _ISFT = {
     "generation.instances": 10000,
     "iterations": 6,
 }
-PRESETS = {
+RECIPES = {
     "code": {
         "isft": _ISFT,
         "idpo": {
@@ -135,9 +136,13 @@ def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
-            presets=PRESETS,
             factory=TwoWikiMultihopQATask,
             family="information_exchange",
             description="2WikiMultihopQA; paragraphs dealt between agents; F1 over aliases.",
         )
     ]
+
+
+@hookimpl
+def optima_register_recipes() -> list[Recipe]:
+    return Recipe.table(TASK_ID, RECIPES)

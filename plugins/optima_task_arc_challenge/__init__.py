@@ -33,10 +33,10 @@ Version history:
 
 from __future__ import annotations
 
-from optima_env import TaskSpec, hookimpl
+from optima_env import Recipe, TaskSpec, hookimpl
 from optima_env.families import ChoiceDebateTask
 
-__all__ = ["ARCChallengeTask", "optima_register_tasks"]
+__all__ = ["ARCChallengeTask", "optima_register_recipes", "optima_register_tasks"]
 
 TASK_ID = "debate/arc_challenge-v0"
 
@@ -47,7 +47,8 @@ class ARCChallengeTask(ChoiceDebateTask):
     dataset = "arc_challenge"
 
 
-# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# Recipes of the built-in trainers for this task (spec §5-§7 tables), registered as Recipe
+# records below: the reference code's recipes, and as "paper" the
 # paper's Table 8 values where they differ (spec §13 item 5).
 _ISFT = {
     "sft.learning_rate": 1e-06,
@@ -61,7 +62,7 @@ _ISFT = {
     "iterations": 6,
     "sft.restart_from_base": True,
 }
-PRESETS = {
+RECIPES = {
     "code": {
         "isft": _ISFT,
         "idpo": {
@@ -95,9 +96,13 @@ def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
-            presets=PRESETS,
             factory=ARCChallengeTask,
             family="debate",
             description="ARC-Challenge solver/critic debate; option text in <A></A>; accuracy.",
         )
     ]
+
+
+@hookimpl
+def optima_register_recipes() -> list[Recipe]:
+    return Recipe.table(TASK_ID, RECIPES)

@@ -29,10 +29,10 @@ Version history:
 
 from __future__ import annotations
 
-from optima_env import TaskSpec, hookimpl
+from optima_env import Recipe, TaskSpec, hookimpl
 from optima_env.families import HalvesTask
 
-__all__ = ["CBTTask", "optima_register_tasks"]
+__all__ = ["CBTTask", "optima_register_recipes", "optima_register_tasks"]
 
 TASK_ID = "ie/cbt-v0"
 
@@ -43,7 +43,8 @@ class CBTTask(HalvesTask):
     dataset = "cbt"
 
 
-# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# Recipes of the built-in trainers for this task (spec §5-§7 tables), registered as Recipe
+# records below: the reference code's recipes, and as "paper" the
 # paper's Table 8 values where they differ (spec §13 item 5).
 _ISFT = {
     "sft.learning_rate": 2e-05,
@@ -56,7 +57,7 @@ _ISFT = {
     "generation.instances": 10000,
     "iterations": 6,
 }
-PRESETS = {
+RECIPES = {
     "code": {
         "isft": _ISFT,
         "idpo": {
@@ -86,9 +87,13 @@ def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
-            presets=PRESETS,
             factory=CBTTask,
             family="information_exchange",
             description="Children's Book Test CN; the story split between agents; F1.",
         )
     ]
+
+
+@hookimpl
+def optima_register_recipes() -> list[Recipe]:
+    return Recipe.table(TASK_ID, RECIPES)

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from optima_env import TaskContractError, TaskSpec, hookimpl
+from optima_env import Recipe, TaskContractError, TaskSpec, hookimpl
 from optima_env.families import MathDebateTask
 from optima_env.prompts import GSM8K_SOLVER_PROMPT
 from optima_env.scoring import gsm8k_equal, reference_exact_match
 from optima_env.types import TaskSample
 
-__all__ = ["GSM8KTask", "optima_register_tasks"]
+__all__ = ["GSM8KTask", "optima_register_recipes", "optima_register_tasks"]
 
 TASK_ID = "debate/gsm8k-v0"
 _MODES = ("numeric", "code", "code_eval")
@@ -68,7 +68,8 @@ class GSM8KTask(MathDebateTask):
         return "exact-match" if self.gsm8k_mode == "code" else f"gsm8k-{self.gsm8k_mode}"
 
 
-# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# Recipes of the built-in trainers for this task (spec §5-§7 tables), registered as Recipe
+# records below: the reference code's recipes, and as "paper" the
 # paper's Table 8 values where they differ (spec §13 item 5).
 _ISFT = {
     "sft.learning_rate": 2e-06,
@@ -83,7 +84,7 @@ _ISFT = {
     "sft.restart_from_base": True,
     "generation.init_temperature": 0.7,
 }
-PRESETS = {
+RECIPES = {
     "code": {
         "isft": _ISFT,
         "idpo": {
@@ -116,9 +117,13 @@ def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
-            presets=PRESETS,
             factory=GSM8KTask,
             family="debate",
             description="GSM8K solver/critic debate; boxed numeric answer; accuracy.",
         )
     ]
+
+
+@hookimpl
+def optima_register_recipes() -> list[Recipe]:
+    return Recipe.table(TASK_ID, RECIPES)

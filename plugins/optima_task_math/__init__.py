@@ -34,13 +34,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from optima_env import TaskContractError, TaskSpec, hookimpl
+from optima_env import Recipe, TaskContractError, TaskSpec, hookimpl
 from optima_env.families import MathDebateTask
 from optima_env.prompts import MATH_SOLVER_PROMPT
 from optima_env.scoring import math_equal
 from optima_env.types import TaskSample
 
-__all__ = ["MATHTask", "optima_register_tasks"]
+__all__ = ["MATHTask", "optima_register_recipes", "optima_register_tasks"]
 
 TASK_ID = "debate/math-v0"
 
@@ -71,7 +71,8 @@ class MATHTask(MathDebateTask):
         return "math-verify"
 
 
-# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# Recipes of the built-in trainers for this task (spec §5-§7 tables), registered as Recipe
+# records below: the reference code's recipes, and as "paper" the
 # paper's Table 8 values where they differ (spec §13 item 5).
 _ISFT = {
     "sft.learning_rate": 1e-06,
@@ -87,7 +88,7 @@ _ISFT = {
     "sft.restart_from_base": True,
     "generation.init_temperature": 0.7,
 }
-PRESETS = {
+RECIPES = {
     "code": {
         "isft": _ISFT,
         "idpo": {
@@ -123,9 +124,13 @@ def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
-            presets=PRESETS,
             factory=MATHTask,
             family="debate",
             description="MATH solver/critic debate; boxed answer; math-verify equivalence.",
         )
     ]
+
+
+@hookimpl
+def optima_register_recipes() -> list[Recipe]:
+    return Recipe.table(TASK_ID, RECIPES)

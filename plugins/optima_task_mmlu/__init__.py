@@ -33,10 +33,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from optima_env import TaskSpec, hookimpl
+from optima_env import Recipe, TaskSpec, hookimpl
 from optima_env.families import ChoiceDebateTask
 
-__all__ = ["MMLUTask", "optima_register_tasks"]
+__all__ = ["MMLUTask", "optima_register_recipes", "optima_register_tasks"]
 
 TASK_ID = "debate/mmlu-v0"
 
@@ -55,7 +55,8 @@ class MMLUTask(ChoiceDebateTask):
         return {"filter_arc": self.filter_arc}
 
 
-# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# Recipes of the built-in trainers for this task (spec §5-§7 tables), registered as Recipe
+# records below: the reference code's recipes, and as "paper" the
 # paper's Table 8 values where they differ (spec §13 item 5).
 _ISFT = {
     "sft.learning_rate": 1e-06,
@@ -69,7 +70,7 @@ _ISFT = {
     "iterations": 6,
     "sft.restart_from_base": True,
 }
-PRESETS = {
+RECIPES = {
     "code": {
         "isft": _ISFT,
         "idpo": {
@@ -99,9 +100,13 @@ def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
-            presets=PRESETS,
             factory=MMLUTask,
             family="debate",
             description="MMLU solver/critic debate; option text in <A></A>; accuracy.",
         )
     ]
+
+
+@hookimpl
+def optima_register_recipes() -> list[Recipe]:
+    return Recipe.table(TASK_ID, RECIPES)

@@ -46,13 +46,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from optima_env import AgentView, Paragraph, Task, TaskContractError, TaskSample, TaskSpec, hookimpl
+from optima_env import AgentView, Paragraph, Recipe, Task, TaskContractError, TaskSample, TaskSpec, hookimpl
 from optima_env.families.scoring import TokenF1Scoring
 from optima_env.prompts import INFORMATION_EXCHANGE_PROMPT, STYLES, join_names, render
 from optima_env.scoring import extract_answer_phrase, extract_tagged
 from optima_env.task import agent_names
 
-__all__ = ["Fact", "SyntheticChainTask", "optima_register_tasks", "solve"]
+__all__ = ["Fact", "SyntheticChainTask", "optima_register_recipes", "optima_register_tasks", "solve"]
 
 TASK_ID = "ie/synth-v0"
 
@@ -272,7 +272,8 @@ class SyntheticChainTask(TokenF1Scoring, Task):
         return extract_tagged(text, "A", strip=self.tag_answers != "code")
 
 
-# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# Recipes of the built-in trainers for this task (spec §5-§7 tables), registered as Recipe
+# records below: the reference code's recipes, and as "paper" the
 # paper's Table 8 values where they differ (spec §13 item 5). Synth (not a paper task) is sized for
 # the embedded 135M model: its rewards are all negative, so theta_sft -0.5, theta_filter -1 and
 # theta_diff 0.05 let the best of each group through (the top-70% and top-half cuts still apply).
@@ -287,7 +288,7 @@ _ISFT = {
     "generation.instances": 8,
     "iterations": 6,
 }
-PRESETS = {
+RECIPES = {
     "code": {
         "isft": _ISFT,
         "idpo": {
@@ -316,9 +317,13 @@ def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
-            presets=PRESETS,
             factory=SyntheticChainTask,
             family="information_exchange",
             description="Procedural chain QA; evidence split between agents (embedded default).",
         )
     ]
+
+
+@hookimpl
+def optima_register_recipes() -> list[Recipe]:
+    return Recipe.table(TASK_ID, RECIPES)

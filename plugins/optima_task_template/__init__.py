@@ -29,12 +29,12 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 
-from optima_env import AgentView, Paragraph, Task, TaskContractError, TaskSample, TaskSpec, hookimpl
+from optima_env import AgentView, Paragraph, Recipe, Task, TaskContractError, TaskSample, TaskSpec, hookimpl
 from optima_env.prompts import INFORMATION_EXCHANGE_PROMPT, join_names, render
 from optima_env.scoring import extract_tagged, f1
 from optima_env.task import agent_names
 
-__all__ = ["TemplateTask", "optima_register_tasks"]
+__all__ = ["TemplateTask", "optima_register_recipes", "optima_register_tasks"]
 
 # (question, answer, clue for the first agent, clue for the second agent)
 ROWS = {
@@ -109,10 +109,10 @@ class TemplateTask(Task):
         return f1(answer, sample.answers)
 
 
-# The trainers' hyperparameters for this task, by trainer, as dotted configuration names (README,
-# "Training"); "paper" would hold what a paper's tables change. Without presets a task trains with
-# the generic defaults (and a logged notice).
-PRESETS = {
+# The trainers' hyperparameters for this task (README, "Recipes"): {preset: {trainer: dotted
+# configuration names to values}}, registered as Recipe records below; "paper" would hold what a
+# paper's tables change. Without a recipe a task trains with the generic defaults (and a notice).
+RECIPES = {
     "code": {
         "isft": {"selection.theta": 0.3, "generation.num_samples": 8, "iterations": 4},
         "idpo": {"selection.theta": 0.3, "tree.theta_filter": 0.3, "dpo.beta": 0.1, "iterations": 3},
@@ -132,7 +132,11 @@ def optima_register_tasks() -> list[TaskSpec]:
             id="example/template-v0",
             factory=TemplateTask,
             family="information_exchange",
-            presets=PRESETS,
             reward=REWARD,
         )
     ]
+
+
+@hookimpl
+def optima_register_recipes() -> list[Recipe]:
+    return Recipe.table("example/template-v0", RECIPES)

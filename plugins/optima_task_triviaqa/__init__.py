@@ -29,10 +29,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from optima_env import TaskSpec, hookimpl
+from optima_env import Recipe, TaskSpec, hookimpl
 from optima_env.families import ShuffledSnippetsTask
 
-__all__ = ["TriviaQATask", "optima_register_tasks"]
+__all__ = ["TriviaQATask", "optima_register_recipes", "optima_register_tasks"]
 
 TASK_ID = "ie/triviaqa-v0"
 
@@ -50,7 +50,8 @@ class TriviaQATask(ShuffledSnippetsTask):
         return {"require_context": self.require_context}
 
 
-# Trainer presets (spec §5-§7 tables): the reference code's recipes, and as "paper" the
+# Recipes of the built-in trainers for this task (spec §5-§7 tables), registered as Recipe
+# records below: the reference code's recipes, and as "paper" the
 # paper's Table 8 values where they differ (spec §13 item 5).
 _ISFT = {
     "sft.learning_rate": 2e-05,
@@ -63,7 +64,7 @@ _ISFT = {
     "generation.instances": 10000,
     "iterations": 6,
 }
-PRESETS = {
+RECIPES = {
     "code": {
         "isft": _ISFT,
         "idpo": {
@@ -94,9 +95,13 @@ def optima_register_tasks() -> list[TaskSpec]:
     return [
         TaskSpec(
             id=TASK_ID,
-            presets=PRESETS,
             factory=TriviaQATask,
             family="information_exchange",
             description="TriviaQA rc; search snippets dealt between agents; F1 over aliases.",
         )
     ]
+
+
+@hookimpl
+def optima_register_recipes() -> list[Recipe]:
+    return Recipe.table(TASK_ID, RECIPES)

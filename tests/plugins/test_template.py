@@ -55,8 +55,9 @@ def test_template_plays_with_two_and_three_agents() -> None:
         env.task.samples("dev")
 
 
-def test_the_template_sets_its_own_presets_and_reward_thresholds() -> None:
-    """A task's spec carries its trainer presets and reward thresholds; the trainers apply them."""
+def test_the_template_sets_its_own_recipes_and_reward_thresholds() -> None:
+    """A task plugin registers its trainer recipes and its spec its reward thresholds; the trainers
+    apply both."""
     from optima_env import get_plugin_manager
     from optima_env.registry import task_specs, trainer_specs
     from optima_trainers.config import resolve_config
@@ -64,8 +65,8 @@ def test_the_template_sets_its_own_presets_and_reward_thresholds() -> None:
     pm = get_plugin_manager()
     pm.register(optima_task_template, name="template")
     spec, trainers = task_specs(pm)["example/template-v0"], trainer_specs(pm)
-    isft = resolve_config(spec, trainers["isft"], profile="paper")
+    isft = resolve_config(spec, trainers["isft"], profile="paper", pm=pm)
     assert (isft.selection.theta, isft.generation.num_samples, isft.iterations) == (0.3, 8, 4)
     assert isft.reward.short_trajectory_tokens == 6 and not isft.reward.repeated_turn_zero_loss
-    idpo = resolve_config(spec, trainers["idpo"], profile="paper")
+    idpo = resolve_config(spec, trainers["idpo"], profile="paper", pm=pm)
     assert idpo.tree.theta_filter == 0.3 and idpo.tree_reward.short_trajectory_tokens == 6

@@ -7,6 +7,10 @@ trains SFT on the correct ones only: per instance, the
 conversations whose task score reaches ``min_task_score``, best reward first, at most
 ``per_instance`` of them (rejection sampling, as in RFT / ReST; no reward threshold, no top 70%).
 
+It also carries its own recipe for a task it was tried on (:data:`RECIPES`, registered through
+``optima_register_recipes``): a trainer's per-task hyperparameters live with the trainer, and no
+task has to know its name.
+
 Install it beside optima (``pip install -e examples/optima_trainer_rft``), then::
 
     python -m optima_trainers.train --trainer rft --task ie/synth-v0 --set options.per_instance=2
@@ -17,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from optima_env import TrainerSpec, hookimpl
+from optima_env import Recipe, TrainerSpec, hookimpl
 from optima_trainers.backends import StageContext, TrainerBackend, sft_stages, train_sft_stage
 from optima_trainers.stages import Stage, StageData, StageOutcome
 
@@ -74,3 +78,19 @@ def optima_register_trainers() -> list[TrainerSpec]:
             profiles={"cpu": {"iterations": 1}},
         )
     ]
+
+
+RECIPES = [
+    # On the synthetic chain task the embedded model is rarely right: sample hotter for more
+    # distinct candidates per instance, and keep up to two right ones.
+    Recipe(
+        task="ie/synth-v0",
+        trainer="rft",
+        values={"generation.temperature": 1.0, "options.per_instance": 2},
+    ),
+]
+
+
+@hookimpl
+def optima_register_recipes() -> list[Recipe]:
+    return RECIPES
