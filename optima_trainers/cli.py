@@ -206,11 +206,14 @@ def resolve_from_args(ns: argparse.Namespace, pm: Any) -> tuple[Any, Any]:
             stored = stored.replace(iterations=iterations)
         return stored, run
     spec = task_specs(pm)[task]
+    profile = _profile(layers.get("profile"))
+    if profile == "paper" and overrides.get("sft.lora") is False and overrides.get("dpo.lora") is False:
+        profile = "paper-full"  # --full-finetune at the spec's sizes: the recipes' full-FT learning rates
     config = resolve_config(
         spec,
         specs[trainer],
         preset=layers.get("preset", "code"),
-        profile=_profile(layers.get("profile")),
+        profile=profile,
         overrides=overrides,
     )
     if ns.print_config:

@@ -55,3 +55,17 @@ def test_dpo_trains_in_bf16_on_cpu_and_saves_in_the_training_dtype(tmp_path) -> 
     with safe_open(str(next(out.glob("*.safetensors"))), "pt") as f:
         dtypes = {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
     assert dtypes == {torch.bfloat16}
+
+
+def test_full_finetune_at_the_papers_sizes_takes_the_recipes_learning_rates(capsys) -> None:
+    import json
+
+    from optima_trainers.cli import main
+
+    argv = ["--task", "hotpotqa", "--trainer", "isft", "--profile", "paper", "--print-config"]
+    assert main([*argv, "--full-finetune"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert (full["profile"], full["sft"]["lora"], full["sft"]["learning_rate"]) == ("paper-full", False, 2e-5)
+    assert main(argv) == 0
+    lora = json.loads(capsys.readouterr().out)
+    assert (lora["profile"], lora["sft"]["lora"], lora["sft"]["learning_rate"]) == ("paper", True, 1e-4)
