@@ -217,13 +217,15 @@ def _task_presets(task: Any, trainer: str, preset: str, family: str, pm: Any = N
     found = {p: dict(r.values) for (t, n, p), r in recipes.items() if (t, n) == (task_id, trainer)}
     code = found.get("code", {})
     if not code:
+        elsewhere = sorted({t for t, n, _ in recipes if n == trainer})  # a misspelt task id shows here
         logger.warning(
             "task %r has no %r preset for trainer %r: training with the generic defaults "
             "(optima_trainers.config; a plugin gives it one by registering a Recipe through "
-            "optima_register_recipes)",
+            "optima_register_recipes)%s",
             task_id,
             "code",
             trainer,
+            f"; {trainer!r} has recipes for {', '.join(elsewhere)}" if elsewhere else "",
         )
         if family == DEBATE:
             code["sft.restart_from_base"] = True  # spec §5 item 8: debate SFT restarts from the base

@@ -151,6 +151,7 @@ def test_a_third_party_trainer_brings_its_own_recipe(caplog: pytest.LogCaptureFi
     with caplog.at_level(logging.WARNING):
         other = resolve_config("ie/hotpotqa-v0", "acme-rft", pm=pm)  # no recipe for that task
     assert "task 'ie/hotpotqa-v0' has no 'code' preset for trainer 'acme-rft'" in caplog.text
+    assert "'acme-rft' has recipes for ie/synth-v0" in caplog.text  # where a misspelt id would show
     assert other.generation.temperature == resolve_config("ie/hotpotqa-v0", "grpo").generation.temperature
 
 
