@@ -169,3 +169,26 @@ def test_the_rft_example_applies_its_own_recipe_from_the_cli(tmp_path: Path) -> 
     given = _cli(env, "--trainer", "rft", "--task", "ie/synth-v0", "--set", "options.per_instance=3",
                  "--print-config")  # fmt: skip
     assert json.loads(given.stdout)["options"]["per_instance"] == 3
+
+
+def test_the_readme_recipe_example_runs(tmp_path: Path) -> None:
+    """The README's recipe snippet ("Writing a task plugin"), appended to that section's plugin,
+    registers a recipe the trainers apply."""
+    import importlib.util
+    import re
+
+    from tests.helpers import REPO_ROOT
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Writing a task plugin\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    plugin, (snippet,) = blocks[0], [b for b in blocks if "def optima_register_recipes" in b]
+    path = tmp_path / "optima_task_readme_recipe.py"
+    path.write_text(plugin + "\n\n" + snippet, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pm = get_plugin_manager()
+    pm.register(module, name="readme-recipe")
+    config = resolve_config("riddles/mira-v0", "isft", pm=pm, profile="paper")
+    assert (config.selection.theta, config.generation.num_samples, config.iterations) == (0.3, 8, 4)
