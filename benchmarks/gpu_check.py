@@ -120,7 +120,8 @@ class Recorder:
         self.doc["phases"][name] = record
         elapsed = time.perf_counter() - self.start
         if elapsed > self.budget_s:
-            record.update(status="skipped", reason=f"{elapsed:.0f} s elapsed > --budget-s {self.budget_s:.0f}")
+            reason = f"{elapsed:.0f} s elapsed > --budget-s {self.budget_s:.0f}"
+            record.update(status="skipped", reason=reason)
             return self.write()
         self.write()
         if self.cuda:
@@ -183,8 +184,9 @@ def dpo_pair(tokenizer: Any, plan: Plan) -> tuple[Any, dict[str, int]]:
         )  # fmt: skip
 
     def lengths(pair: Any) -> dict[str, int]:
-        return {side: _chat_tokens(tokenizer, [*map(dict, pair.prompt), {"role": "assistant",
-                                   "content": getattr(pair, side)}]) for side in ("chosen", "rejected")}  # fmt: skip
+        prompt = [dict(m) for m in pair.prompt]
+        return {s: _chat_tokens(tokenizer, [*prompt, {"role": "assistant", "content": getattr(pair, s)}])
+                for s in ("chosen", "rejected")}  # fmt: skip
 
     first = build(plan.dpo_tokens - plan.dpo_completion - 16)
     over = max(lengths(first).values()) - plan.dpo_tokens
@@ -283,7 +285,8 @@ class Check:
         result = train_dpo(model_path=str(self.model_dir), pairs=[pair], config=self.dpo,
                            output_dir=target, dtype=self.dtype)  # fmt: skip
         record.update(tokens=lengths, steps=result.steps, train_loss=result.train_loss,
-                      trainer_metrics={k: v for k, v in result.metrics.items() if isinstance(v, float)})  # fmt: skip
+                      trainer_metrics={k: v for k, v in result.metrics.items() if isinstance(v, float)},
+                      )  # fmt: skip
         record["engine"] = engine_check(self.torch, self.utilization)
         shutil.rmtree(target, ignore_errors=True)
 
@@ -298,7 +301,8 @@ class Check:
         losses = scorer(texts)
         record.update(turns=len(losses), tokens_per_turn=self.plan.turn_tokens,
                       score_seconds=time.perf_counter() - began,
-                      mean_loss=sum(losses) / len(losses), batch_size=getattr(scorer, "batch_size", None))  # fmt: skip
+                      mean_loss=sum(losses) / len(losses), batch_size=getattr(scorer, "batch_size", None),
+                      )  # fmt: skip
         record["engine_with_scorer_loaded"] = engine_check(self.torch, self.utilization)
         del scorer, model
         record["engine"] = engine_check(self.torch, self.utilization)
@@ -313,7 +317,8 @@ def run_check(out: Path, *, shape: str, tokenizer: Path, work_dir: Path | None, 
     out.mkdir(parents=True, exist_ok=True)
     rec = Recorder(out, torch, budget_s)
     rec.doc["meta"] = {"shape": shape, "plan": dataclasses.asdict(PLANS[shape]), "budget_s": budget_s,
-                       "command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+                       "command": " ".join(sys.argv),
+                       "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
     owned = work_dir is None
     work = Path(tempfile.mkdtemp(prefix="gpu-check-")) if owned else work_dir
     work.mkdir(parents=True, exist_ok=True)
@@ -358,15 +363,15 @@ def _user_errors() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description="GPU device check")
     parser.add_argument("--out", type=Path, help="folder of gpu_check.json")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     parser.add_argument("--dry-run", action="store_true", help="--shape tiny on the CPU (CI)")
     parser.add_argument("--tokenizer", type=Path, help=f"tokenizer folder (default {CARRY}/tokenizer, "
                         "else the embedded model's)")  # fmt: skip
     parser.add_argument("--work-dir", type=Path, help="where checkpoints go (default: a temporary folder)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="start no phase after this many seconds")
-    parser.add_argument("--prepare", action="store_true", help=f"write the tokenizer and wheels into {CARRY}/")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="start no phase after this (seconds)")
+    parser.add_argument("--prepare", action="store_true", help=f"write the tokenizer and wheels to {CARRY}/")
     args = parser.parse_args(argv)
     with _user_errors():
         if args.prepare:
@@ -390,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         doc = run_check(args.out, shape=shape, tokenizer=Path(tokenizer), work_dir=args.work_dir,
                         budget_s=args.budget_s)  # fmt: skip
     for name, record in doc["phases"].items():
-        print(f"{name:12s} {record['status']:8s} {record.get('seconds', 0):8.1f} s  {record.get('error', '')}")
+        seconds = record.get("seconds", 0.0)
+        print(f"{name:12s} {record['status']:8s} {seconds:8.1f} s  {record.get('error', '')}")
     return 0
 
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from benchmarks.gpu_check import PHASES, PLANS, SHAPES, Recorder, engine_check, main  # noqa: E402
+from benchmarks.gpu_check import PHASES, PLANS, SHAPES, Recorder, engine_check, main
 
 
 def llama_parameters(shape: dict[str, int], vocab: int) -> int:
