@@ -205,3 +205,18 @@ def readability_loss(
     if readability is None or not texts:
         return None
     return max_turn_loss(score_turns(readability, texts))
+
+
+def check_prompt_budget(max_prompt_tokens: int | None, tokenizer: Any) -> int | None:
+    """``max_prompt_tokens`` of the env (the model's context minus the turn cap), checked: a
+    positive int, and a tokenizer with a chat template to count the prompts with."""
+    if max_prompt_tokens is None:
+        return None
+    if isinstance(max_prompt_tokens, bool) or not isinstance(max_prompt_tokens, int) or max_prompt_tokens < 1:
+        raise TaskContractError(f"max_prompt_tokens must be None or an int >= 1, got {max_prompt_tokens!r}")
+    if tokenizer is None or not callable(getattr(tokenizer, "apply_chat_template", None)):
+        raise TaskContractError(
+            "max_prompt_tokens needs the policy's tokenizer (a transformers tokenizer with a chat "
+            f"template) to count prompts, got {type(tokenizer).__name__}; pass tokenizer=..."
+        )
+    return max_prompt_tokens

@@ -11,6 +11,9 @@ Conversation rules (spec §2.4, the reference code's behaviour):
   ``termination="all_agents"`` (the paper's rule, spec §13 item 12) ends it instead once every
   agent's latest answer is the same (:mod:`optima_env.rules`).
 * After ``max_turns`` turns (default 10) the episode is **truncated**.
+* With ``max_prompt_tokens`` (the model's context minus the turn cap), a conversation whose next
+  prompt would not fit ends there, **truncated** with ``end_reason="context_full"`` (a first prompt
+  that does not fit is a :class:`~optima_env.errors.TaskContractError` naming the instance).
 * A turn of ``turn_token_cap`` tokens or more (default 2000), or of more than
   ``MAX_CHARS_PER_TOKEN`` (16) characters per token of that cap whatever the counter says, is
   replaced by the marker ``large`` and the episode is truncated. An action longer than
@@ -43,6 +46,7 @@ from pettingzoo import AECEnv
 from optima_env._env_checks import (
     check_action,
     check_env_options,
+    check_prompt_budget,
     check_seed,
     draw_instance,
     episode_over,
@@ -86,6 +90,9 @@ class ConversationEnv(AECEnv):
             ``False``: no reward is computed: ``episode.reward`` is ``None`` and the rewards paid
             are 0.0 (trainers score episodes themselves with the run's reward config; the task
             score and ``lm_loss`` are still recorded).
+        max_prompt_tokens: the longest prompt the model takes (its context length minus the turn
+            cap); counted with ``tokenizer``'s chat template before each turn. A conversation whose
+            next prompt is longer ends there (``context_full``, truncated); ``None``: no limit.
         token_normalizer: the constant token normalizer of the per-episode reward.
         readability: callable mapping turn texts to per-turn LM losses (frozen base model); when
             given, the env computes ``lm_loss`` (max over turns) at the end of each episode.
@@ -136,6 +143,7 @@ class ConversationEnv(AECEnv):
         render_mode: str | None = None,
         pm: pluggy.PluginManager | None = None,
         scoring: bool = True,
+        max_prompt_tokens: int | None = None,
     ) -> None:
         super().__init__()
         check_env_options(
@@ -167,6 +175,7 @@ class ConversationEnv(AECEnv):
         self.metadata = {**self.metadata, "is_parallelizable": cycle_aligned}
         self.render_mode = render_mode
         self.pm = pm
+        self.max_prompt_tokens = check_prompt_budget(max_prompt_tokens, tokenizer)
 
         self.possible_agents = list(task.agents)
         self._action_space = ConversationText(ACTION_MAX_LENGTH)
@@ -240,6 +249,13 @@ class ConversationEnv(AECEnv):
         self.agent_selection = self.agents[0]
         if self.pm is not None:
             self.pm.hook.optima_episode_start(task_id=self.task.id, sample_id=sample.id, seed=seed)
+        if self._prompt_over_budget(self.agent_selection):
+            raise TaskContractError(
+                f"instance {sample.id!r} (split {self.split!r}), turn 0: {self.agent_selection}'s first "
+                f"prompt has more than max_prompt_tokens={self.max_prompt_tokens} tokens (the model's "
+                "context minus the turn cap); raise generation.max_model_len, lower "
+                "generation.max_new_tokens, or leave the instance out"
+            )
         for text in options.get("prefix", ()):
             if self._episode is not None:
                 raise TaskContractError(
@@ -336,6 +352,9 @@ class ConversationEnv(AECEnv):
         )
         if end_reason is None and len(self._turns) >= self.max_turns:
             end_reason = "max_turns"
+        following = self.agents[(self._speaker_index + 1) % len(self.agents)]
+        if end_reason is None and self._prompt_over_budget(following):
+            end_reason = "context_full"  # the next prompt would not fit the model: ended, as at the turn cap
 
         if self.render_mode == "human":
             print(self._turns[-1].text)
@@ -358,6 +377,16 @@ class ConversationEnv(AECEnv):
             self._speaker_index = (self._speaker_index + 1) % len(self.agents)
             self.agent_selection = self.agents[self._speaker_index]
         self._accumulate_rewards()
+
+    def _prompt_over_budget(self, agent: str) -> bool:
+        """Whether ``agent``'s next prompt (chat template and generation prompt included) has more
+        tokens than ``max_prompt_tokens`` (never, without a budget)."""
+        if self.max_prompt_tokens is None:
+            return False
+        messages = self.chat_messages(agent)
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, Mapping) else ids
+        return len(ids) > self.max_prompt_tokens
 
     def _with_prefix(self, agent: str, text: str) -> str:
         prefix = self.reply_prefix(agent)

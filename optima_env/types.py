@@ -132,7 +132,8 @@ class Episode:
     truncated: bool
     """The turn limit or the per-turn token cap ended the episode first."""
     end_reason: str
-    """``agreement``, ``max_turns`` or ``turn_too_long``."""
+    """``agreement``, ``max_turns``, ``turn_too_long`` or ``context_full`` (the next prompt would
+    not fit the model's context, ``ConversationEnv(max_prompt_tokens=...)``)."""
     num_tokens: int
     system_prompts: Mapping[str, str]
     base_system_prompts: Mapping[str, str]

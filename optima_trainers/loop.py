@@ -30,6 +30,7 @@ for each stage's data on disk, then every process receives it through the same h
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -285,11 +286,32 @@ class IterativeTrainer:
         the stages play row ``position % num_train`` (spec §5 item 2: the cursor wraps)."""
         return list(range(start, start + count))
 
+    @property
+    def max_model_len(self) -> int | None:
+        """``generation.max_model_len``, else the starting model's ``max_position_embeddings``
+        (``None`` when neither says)."""
+        if self.config.generation.max_model_len is not None:
+            return self.config.generation.max_model_len
+        path = Path(self.base_model) / "config.json"
+        if not path.is_file():
+            return None
+        value = json.loads(path.read_text(encoding="utf-8")).get("max_position_embeddings")
+        return value if isinstance(value, int) and value > 0 else None
+
+    def _prompt_budget(self, tokenizer: Any) -> int | None:
+        """The longest prompt a turn may start from: the context less the turn cap (no budget
+        without a chat tokenizer to count with, or without a known context length)."""
+        if self.max_model_len is None or not callable(getattr(tokenizer, "apply_chat_template", None)):
+            return None
+        return max(1, self.max_model_len - self.config.generation.max_new_tokens)
+
     def _env_kwargs(self, policy: Any, *, diverse: bool = False) -> dict[str, Any]:
+        tokenizer = getattr(policy, "tokenizer", None)
         return dict(
             split=self.config.split,
             max_turns=self.config.generation.max_turns,
-            tokenizer=getattr(policy, "tokenizer", None),
+            max_prompt_tokens=self._prompt_budget(tokenizer),
+            tokenizer=tokenizer,
             diverse_formats=diverse,
             message_format=self.config.generation.message_format,
             termination=self.config.generation.termination,
@@ -312,13 +334,16 @@ class IterativeTrainer:
             # when the stage scores
             self._scorer = None
             release()
+        options = gen.policy_options()
+        if gen.backend == "vllm" and self.max_model_len is not None:
+            options["max_model_len"] = self.max_model_len  # the same context as the envs' budget
         return load_policy(
             model,
             backend=gen.backend,
             batch_size=gen.concurrency,
             dtype=self.config.dtype,
             compute_type=gen.compute_type,
-            **gen.policy_options(),
+            **options,
         )
 
     @staticmethod

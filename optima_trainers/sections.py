@@ -53,6 +53,11 @@ class GenerationConfig:
     only (one rank per process), so more is refused with what to do instead (README "Scaling out")."""
     vllm_gpu_memory_utilization: float = 0.9
     """``backend="vllm"``: share of each GPU's memory vLLM may take (on CPUs: of host memory)."""
+    max_model_len: int | None = None
+    """The longest prompt plus reply the model takes, in tokens (``None``: the model's
+    ``max_position_embeddings``). A conversation whose next prompt would leave less than
+    ``max_new_tokens`` of it ends there, truncated with ``end_reason="context_full"``, as at the
+    turn cap (never a failed batch); the vLLM engine is built with this length."""
     stop_at_speaker_tags: bool = False
     """Cut a turn where it starts writing an agent's ``"Name:"`` tag. The reference code does not
     (it penalizes impersonation afterwards); the cpu profile does, because a 135M model speaks for
@@ -74,6 +79,8 @@ class GenerationConfig:
         for name in ("temperature", "init_temperature"):
             check_number(f"generation.{name}", getattr(self, name), low=0.0)
         check_number("generation.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        if self.max_model_len is not None:
+            check_positive_int("generation.max_model_len", self.max_model_len)
         for name in ("vllm_tensor_parallel_size", "vllm_data_parallel_size"):
             check_positive_int(f"generation.{name}", getattr(self, name))
         check_number(

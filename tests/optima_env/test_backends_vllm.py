@@ -83,3 +83,19 @@ def test_a_seeded_batch_larger_than_one_scheduler_step(vllm_policy) -> None:
     replies = vllm_policy.generate(requests, sampling)
     assert [r.split(":")[0] for r in replies] == [q.prefix[:-1] for q in requests]
     assert vllm_policy.generate(requests[:3], sampling) == replies[:3]
+
+
+def test_a_conversation_that_outgrows_the_engines_context_ends_flagged_not_failed(vllm_policy) -> None:
+    """max_model_len 1024 and 300-token turns: the prompt budget (1024 - 300) ends each
+    conversation as ``context_full`` before vLLM is handed a prompt it cannot take."""
+    episodes = rollout(
+        make_task("ie/synth-v0"),
+        vllm_policy,
+        jobs=make_jobs(range(2), 1, seed=0),
+        sampling=SamplingParams(temperature=0.7, max_new_tokens=300, seed=0, ignore_eos=True),
+        env_kwargs={"tokenizer": vllm_policy.tokenizer, "max_turns": 10, "turn_token_cap": 2000,
+                    "max_prompt_tokens": 1024 - 300},  # fmt: skip
+        concurrency=2,
+    )
+    assert [e.end_reason for e in episodes] == ["context_full"] * 2
+    assert all(e.truncated and 1 <= len(e.turns) < 10 for e in episodes)
