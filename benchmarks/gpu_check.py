@@ -3,13 +3,15 @@
 On one GPU, with torch, transformers, PEFT, accelerate and TRL only (no vLLM), it builds a randomly
 initialised model of Llama-3-8B's shape (hidden 4096, 32 layers, 32 heads / 8 KV heads, intermediate
 14336; the vocabulary of the embedded SmolLM2 tokenizer, 49,152 tokens against Llama 3's 128,256)
-in bf16 and runs, phase by phase, the project's own code on it:
+in bf16 (``build_model``: initialised on the GPU, saved) and runs, phase by phase, the project's own
+code on it, in the loop's order:
 
+* ``readability``: :class:`optima_env.readability.TransformersLMLoss` with the built model (the
+  loop's frozen base model) on 64 turns of up to 2,000 tokens (the paper profile's longest turn);
 * ``sft_stage_1`` and ``sft_stage_2``: two LoRA SFT stages of :func:`optima_trainers.sft.train_sft`
   (the ``paper`` profile's ``sft`` section: 2,048-token examples, LoRA, gradient checkpointing as
   the config resolves it on the device, bf16), the second starting from the first's checkpoint;
-* ``dpo_step``: one step of :func:`optima_trainers.dpo.train_dpo` on one pair of 2 x 2,048 tokens;
-* ``readability``: :class:`optima_env.readability.TransformersLMLoss` on 64 turns, the same model.
+* ``dpo_step``: one step of :func:`optima_trainers.dpo.train_dpo` on one pair of 2 x 2,048 tokens.
 
 After each stage it records where an engine would start: the free memory (``mem_get_info``) as the
 trainer left it, then after ``gc.collect()`` and ``torch.cuda.empty_cache()`` (what vLLM V1's worker
@@ -23,11 +25,11 @@ killed at its time limit keeps every finished phase. ``--dry-run`` runs the same
 with a tiny shape (2 layers, 64 wide) in well under a minute (CI runs it).
 
 The device image has no TRL, datasets, PettingZoo or Gymnasium (``optima_env`` imports the last
-two) and no access to the hub: ``--prepare`` writes the embedded tokenizer and those wheels (the
-versions of this environment) into ``.gpu_check/`` (ignored by git), which the device tool carries
+two) and no network: ``--prepare`` writes the embedded tokenizer and those wheels (this
+environment's versions) into ``.gpu_check/`` (ignored by git), which the device tool carries
 (README "Scaling out", "The device check"). Checkpoints go to ``--work-dir`` (default: a temporary
-folder, removed at the end); each one is deleted once the next phase has loaded it, so the disk
-holds at most two (32 GB at the 8B shape).
+folder, removed at the end), each deleted once the next phase has loaded it: at most two model
+folders at a time (2 B x 7.38e9 parameters = 14.8 GB each at the 8B shape).
 """
 
 from __future__ import annotations
@@ -44,8 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,8 @@ class Plan:
     dpo_tokens: int = 2048
     """Prompt + completion tokens of each side of the DPO pair."""
     dpo_completion: int = 256
-    turn_tokens: int = 512
+    turn_tokens: int = 2000
+    """Tokens of each scored turn (the paper profile's ``generation.max_new_tokens``: the longest)."""
     turns: int = 64
 
 
@@ -217,7 +219,7 @@ class Check:
             config.dpo, max_steps=1, batch_size=1, per_device_batch_size=1, max_length=plan.dpo_tokens,
             evaluate=False, gradient_checkpointing=checkpointing_for(config.dpo.gradient_checkpointing, cuda),
         )  # fmt: skip
-        self.model_dir = work / "base"
+        self.model_dir, self.model = work / "base", None
 
     def environment(self, record: dict[str, Any]) -> None:
         torch = self.torch
@@ -249,7 +251,7 @@ class Check:
                       shape=SHAPES[self.plan.shape], dtype=self.dtype)  # fmt: skip
         model.save_pretrained(self.model_dir)
         tok.save_pretrained(self.model_dir)
-        del model
+        self.model = model  # the readability phase scores with it (as the loop's frozen base model)
         record["weights_bytes"] = sum(f.stat().st_size for f in self.model_dir.glob("*.safetensors"))
         record["engine"] = engine_check(torch, self.utilization)
 
@@ -291,11 +293,13 @@ class Check:
         shutil.rmtree(target, ignore_errors=True)
 
     def readability(self, record: dict[str, Any]) -> None:
-        from optima_env.models import load_model
+        from optima_env.models import load_tokenizer
         from optima_env.readability import TransformersLMLoss
 
-        model, tokenizer = load_model(str(self.model_dir), dtype=self.dtype)
-        scorer = TransformersLMLoss(model, tokenizer)
+        if self.model is None:
+            raise RuntimeError("no model to score with: build_model failed")
+        tokenizer = load_tokenizer(self.model_dir)
+        scorer, self.model = TransformersLMLoss(self.model, tokenizer), None
         texts = [_text(tokenizer, self.plan.turn_tokens - 8 * (i % 4), i) for i in range(self.plan.turns)]
         began = time.perf_counter()
         losses = scorer(texts)
@@ -304,11 +308,12 @@ class Check:
                       mean_loss=sum(losses) / len(losses), batch_size=getattr(scorer, "batch_size", None),
                       )  # fmt: skip
         record["engine_with_scorer_loaded"] = engine_check(self.torch, self.utilization)
-        del scorer, model
+        del scorer
         record["engine"] = engine_check(self.torch, self.utilization)
 
 
-PHASES = ("environment", "build_model", "sft_stage_1", "sft_stage_2", "dpo_step", "readability")
+PHASES = ("environment", "build_model", "readability", "sft_stage_1", "sft_stage_2", "dpo_step")
+"""In the loop's order: the frozen base model scores, then the stages train."""
 
 
 def run_check(out: Path, *, shape: str, tokenizer: Path, work_dir: Path | None, budget_s: float) -> dict:
@@ -329,6 +334,9 @@ def run_check(out: Path, *, shape: str, tokenizer: Path, work_dir: Path | None, 
                   "dpo_step": check.dpo_step, "readability": check.readability}  # fmt: skip
         for name in PHASES:
             rec.run(name, bodies[name])
+    except Exception as exc:  # the setup itself failed (no phase can run): recorded, then raised
+        rec.doc["meta"]["error"] = f"{type(exc).__name__}: {exc}"
+        raise
     finally:
         rec.doc["meta"]["seconds"] = time.perf_counter() - rec.start
         rec.write()
@@ -353,15 +361,6 @@ def prepare(folder: Path = CARRY) -> list[str]:
     return pins
 
 
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    try:
-        yield
-    except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as exc:
-        print(f"gpu_check: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description="GPU device check")
     parser.add_argument("--out", type=Path, help="folder of gpu_check.json")
@@ -373,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=420.0, help="start no phase after this (seconds)")
     parser.add_argument("--prepare", action="store_true", help=f"write the tokenizer and wheels to {CARRY}/")
     args = parser.parse_args(argv)
-    with _user_errors():
+    try:
         if args.prepare:
             print("prepared", CARRY, *prepare())
             return 0
@@ -394,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
             raise FileNotFoundError(f"no tokenizer in {tokenizer}; run --prepare, or pass --tokenizer FOLDER")
         doc = run_check(args.out, shape=shape, tokenizer=Path(tokenizer), work_dir=args.work_dir,
                         budget_s=args.budget_s)  # fmt: skip
+    except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as exc:  # the user's: one line
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     for name, record in doc["phases"].items():
         seconds = record.get("seconds", 0.0)
         print(f"{name:12s} {record['status']:8s} {seconds:8.1f} s  {record.get('error', '')}")
