@@ -19,10 +19,10 @@ does before it compares the free memory with ``gpu_memory_utilization x total`` 
 start below it: ``vllm/v1/worker/gpu_worker.py``, ``init_device``), against the configured
 ``generation.vllm_gpu_memory_utilization``. Every phase records its seconds, peak memory
 (``max_memory_allocated``, reset per phase), what it left allocated and the process's resident
-memory; an error (an OOM, a refusal) is recorded and the next phase runs, so one run yields every
-finding. ``<out>/gpu_check.json`` is rewritten atomically at each phase's start and end: a run
-killed at its time limit keeps every finished phase. ``--dry-run`` runs the same phases on the CPU
-with a tiny shape (2 layers, 64 wide) in well under a minute (CI runs it).
+memory; an error (an OOM, a refusal) is recorded and the next phase runs. ``<out>/gpu_check.json``
+is rewritten atomically at each phase's start and end (a killed run keeps its finished phases);
+no phase starts past ``--budget-s``; ``--skip`` leaves one out. ``--dry-run``: the same phases on
+the CPU with a tiny shape (2 layers, 64 wide) in well under a minute (CI runs it).
 
 The device image has no TRL, datasets, PettingZoo or Gymnasium (``optima_env`` imports the last
 two) and no network: ``--prepare`` writes the embedded tokenizer and those wheels (this
@@ -55,8 +55,7 @@ from optima_env.io import write_json_atomic
 
 __all__ = ["PHASES", "SHAPES", "Plan", "main", "prepare", "run_check"]
 
-CARRY = Path(".gpu_check")
-"""The carried folder (repository root): ``tokenizer/`` and ``wheels/``."""
+CARRY = Path(".gpu_check")  # the carried folder (repository root): tokenizer/ and wheels/
 WHEELS = ("trl", "datasets", "dill", "multiprocess", "gymnasium", "pettingzoo", "farama-notifications")
 """Pure-Python packages the device image lacks (TRL's runtime needs, and optima_env's envs)."""
 RESULT = "gpu_check.json"
@@ -98,8 +97,8 @@ _WORDS = "the river stone light house green water under small city north open pa
 class Recorder:
     """The JSON document: ``meta`` and one entry per phase, written atomically after each change."""
 
-    def __init__(self, out: Path, torch: Any, budget_s: float) -> None:
-        self.path, self.torch, self.budget_s = out / RESULT, torch, budget_s
+    def __init__(self, out: Path, torch: Any, budget_s: float, skip: tuple[str, ...] = ()) -> None:
+        self.path, self.torch, self.budget_s, self.skip = out / RESULT, torch, budget_s, skip
         self.cuda = torch.cuda.is_available()
         self.start = time.perf_counter()
         self.doc: dict[str, Any] = {"meta": {}, "phases": {}}
@@ -121,9 +120,9 @@ class Recorder:
         record: dict[str, Any] = {"status": "running"}
         self.doc["phases"][name] = record
         elapsed = time.perf_counter() - self.start
-        if elapsed > self.budget_s:
-            reason = f"{elapsed:.0f} s elapsed > --budget-s {self.budget_s:.0f}"
-            record.update(status="skipped", reason=reason)
+        late = f"{elapsed:.0f} s elapsed > --budget-s {self.budget_s:.0f}" if elapsed > self.budget_s else ""
+        if name in self.skip or late:
+            record.update(status="skipped", reason="--skip" if name in self.skip else late)
             return self.write()
         self.write()
         if self.cuda:
@@ -316,11 +315,13 @@ PHASES = ("environment", "build_model", "readability", "sft_stage_1", "sft_stage
 """In the loop's order: the frozen base model scores, then the stages train."""
 
 
-def run_check(out: Path, *, shape: str, tokenizer: Path, work_dir: Path | None, budget_s: float) -> dict:
-    """Run every phase of :data:`PHASES` at ``shape``; returns the document written to ``out``."""
+def run_check(
+    out: Path, *, shape: str, tokenizer: Path, work_dir: Path | None, budget_s: float, skip: tuple = ()
+) -> dict:
+    """Run :data:`PHASES` (but ``skip``) at ``shape``; returns the document written to ``out``."""
     torch = require("torch", "train")
     out.mkdir(parents=True, exist_ok=True)
-    rec = Recorder(out, torch, budget_s)
+    rec = Recorder(out, torch, budget_s, skip)
     rec.doc["meta"] = {"shape": shape, "plan": dataclasses.asdict(PLANS[shape]), "budget_s": budget_s,
                        "command": " ".join(sys.argv),
                        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
@@ -370,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                         "else the embedded model's)")  # fmt: skip
     parser.add_argument("--work-dir", type=Path, help="where checkpoints go (default: a temporary folder)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="start no phase after this (seconds)")
+    parser.add_argument("--skip", action="append", choices=PHASES[1:], default=[], help="a phase not to run")
     parser.add_argument("--prepare", action="store_true", help=f"write the tokenizer and wheels to {CARRY}/")
     args = parser.parse_args(argv)
     try:
@@ -392,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (Path(tokenizer) / "tokenizer_config.json").is_file():
             raise FileNotFoundError(f"no tokenizer in {tokenizer}; run --prepare, or pass --tokenizer FOLDER")
         doc = run_check(args.out, shape=shape, tokenizer=Path(tokenizer), work_dir=args.work_dir,
-                        budget_s=args.budget_s)  # fmt: skip
+                        budget_s=args.budget_s, skip=tuple(args.skip))  # fmt: skip
     except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as exc:  # the user's: one line
         print(f"gpu_check: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -78,6 +78,9 @@ def test_a_failing_phase_is_recorded_and_the_next_one_runs(tmp_path) -> None:
     assert first["status"] == "error" and first["oom"] and "out of memory" in first["error"]
     assert first["partial"] == 1 and first["seconds"] >= 0
     assert second == {**second, "status": "ok", "value": 2}
+    skipping = Recorder(tmp_path, torch, budget_s=60, skip=("third",))
+    skipping.run("third", fails)
+    assert skipping.doc["phases"]["third"] == {"status": "skipped", "reason": "--skip"}
 
 
 def test_past_the_budget_every_phase_is_skipped(tmp_path) -> None:
