@@ -231,7 +231,8 @@ class Check:
         record.update(python=platform.python_version(), versions=versions, dtype=self.dtype,
                       device=torch.cuda.get_device_name(0) if self.rec.cuda else "cpu",
                       sft=dataclasses.asdict(self.sft), dpo=dataclasses.asdict(self.dpo),
-                      utilization=self.utilization, before=self.rec.memory())  # fmt: skip
+                      utilization=self.utilization, before=self.rec.memory(), work_dir=str(self.work),
+                      work_disk_free_bytes=shutil.disk_usage(self.work).free)  # fmt: skip
         require("trl", "train")  # fails the phase (recorded) when the carried wheels are missing
         require("datasets", "train")
 

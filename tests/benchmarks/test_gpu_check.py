@@ -37,6 +37,7 @@ def test_dry_run_records_every_phase_with_its_numbers(dry_run) -> None:
         assert record["seconds"] > 0 and record["after"]["rss_bytes"] > 0
         assert record["peak_allocated_bytes"] is None and record["after"]["free_bytes"] is None  # CPU
     assert phases["environment"]["dtype"] == "float32" and phases["environment"]["versions"]["trl"]
+    assert phases["environment"]["work_disk_free_bytes"] > 0
     assert phases["environment"]["sft"]["lora"] and phases["environment"]["dpo"]["lora"]
     build = phases["build_model"]
     assert build["parameters"] == llama_parameters(SHAPES["tiny"], build["vocab_size"])
