@@ -106,8 +106,9 @@ def is_complete(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / COMPLETE_MARKER).is_file()
 
 
-def require_complete(path: str | os.PathLike[str]) -> TrainResult:
-    """The summary stored in a complete checkpoint, after verifying its files against the manifest.
+def require_complete(path: str | os.PathLike[str], *, verify: bool = True) -> TrainResult:
+    """The summary stored in a complete checkpoint, after verifying its files against the manifest
+    (``verify=False``: the marker only, for the writer that has just hashed the files itself).
 
     Raises:
         DataError: ``path`` has no ``COMPLETE`` marker (interrupted while being written).
@@ -130,7 +131,7 @@ def require_complete(path: str | os.PathLike[str]) -> TrainResult:
     if not isinstance(data, dict):
         raise CorruptCheckpointError(f"{marker}: expected a JSON object, got {type(data).__name__}; {fix}")
     files = data.get("files")
-    if files is not None:  # no manifest: a marker written before manifests existed
+    if verify and files is not None:  # no manifest: a marker written before manifests existed
         _verify_files(path, marker, files, fix)
     try:
         return TrainResult.from_dict(data)

@@ -196,4 +196,5 @@ def train_grpo_stage(data: StageData, context: StageContext) -> StageOutcome:
     free_trainer(trainer)  # the next phase needs the memory back (optima_trainers.memory)
     del trainer, model, frozen, rollout
     release()
-    return StageOutcome(result=require_complete(output_dir) if main else result, metrics=metrics)
+    written = require_complete(output_dir, verify=False) if main else result  # hashed once, as written
+    return StageOutcome(result=written, metrics=metrics)

@@ -142,6 +142,7 @@ class IterativeTrainer:
         self.num_train = len(self.task.samples(config.split))
         self.base_model = resolve_model_path(config.model)
         self._scorer: Any = None
+        self._verified: set[str] = set()
 
     # -- driver ---------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -270,15 +271,24 @@ class IterativeTrainer:
                 f"trainer {self.config.trainer!r}: train() must return an "
                 f"optima_trainers.stages.StageOutcome, got {outcome!r}"
             )
+        if outcome.result is not None:  # written (and hashed) here: not verified again before loading
+            self._verified.add(str(outcome.result.checkpoint))
         return outcome
 
     def _verify_model(self, model: str) -> None:
         """Verify a checkpoint before a stage loads it: one of this run's (it must be complete),
         or any folder with a ``COMPLETE`` marker. A corrupt one raises
-        :class:`~optima_trainers.checkpoint.CorruptCheckpointError`: the run stops, nothing is deleted."""
+        :class:`~optima_trainers.checkpoint.CorruptCheckpointError`: the run stops, nothing is deleted.
+
+        Each checkpoint is hashed once: by its writer as it is written, and by the main process
+        when this process did not write it (a resumed run, another run's model); the other
+        processes see the same files on the shared folder and do not hash them again."""
         path = Path(model)
+        if str(path) in self._verified or _rank() != 0:
+            return
         if is_complete(path) or (path.is_absolute() and path.is_relative_to(self.run_dir.root)):
             require_complete(path)
+        self._verified.add(str(path))
 
     # -- generation -----------------------------------------------------------------------------
     def _indices(self, start: int, count: int) -> list[int]:
