@@ -23,6 +23,7 @@ from optima_env.specs import ReadabilitySpec
 __all__ = [
     "SYSTEM_MODES",
     "TransformersLMLoss",
+    "budget_batches",
     "episode_lm_losses",
     "optima_register_readability_scorers",
     "turn_template",
@@ -91,16 +92,51 @@ def turn_template(tokenizer: Any, *, system: str = "none") -> tuple[str, str, st
     return prefix, scored, suffix[len(scored) :]
 
 
+def budget_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Consecutive groups of ``lengths`` (sorted ascending) whose padded size fits the budget.
+
+    A group's padded size is its count times its longest length; a group grows while the next item
+    keeps it within ``max_batch_tokens``. An item longer than the budget forms a group alone (a turn
+    is never split: it is scored whole or not at all).
+
+    >>> budget_batches([3, 4, 4, 9, 20], 12)
+    [[0, 1, 2], [3], [4]]
+    """
+    groups: list[list[int]] = []
+    for i, length in enumerate(lengths):
+        if groups and (len(groups[-1]) + 1) * length <= max_batch_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 class TransformersLMLoss:
-    """Per-turn mean LM loss under a frozen causal LM, computed in batches.
+    """Per-turn mean LM loss under a frozen causal LM, in batches of at most ``max_batch_tokens``.
+
+    The turns are tokenized once, sorted by token count and packed into batches whose padded size
+    (turns x longest turn) stays within ``max_batch_tokens``. The model's weights keep their dtype
+    (bf16 stays bf16). No full-vocabulary logits tensor is built: the decoder's final hidden states
+    of the positions that predict a content token are gathered, and the LM head is applied to at
+    most ``chunk_tokens`` of them at a time, each chunk's logits upcast to fp32 for the
+    cross-entropy and dropped before the next; the reduction (sum over a turn's tokens, mean) is
+    fp32. transformers offers ``logits_to_keep`` (one set of positions for every row, all logits
+    of those positions at once, and a new decoder pass per call) and its loss function upcasts every
+    kept logit to fp32, so neither bounds the logits' size; hence this loop. A model whose head does
+    more than its output embedding (a final logit soft-cap, a logit scale: checked once against the
+    model's own forward) is scored through ``logits_to_keep`` instead, content positions only, each
+    chunk upcast in turn.
 
     Args:
         model: a transformers causal LM (kept in eval mode; never trained here).
         tokenizer: its (fast) tokenizer with a chat template.
-        batch_size: turns per forward pass.
+        max_batch_tokens: padded tokens per forward pass (default 2048: about today's 16 turns on
+            the CPU); a turn longer than this is scored alone.
         max_length: longest scored sequence in tokens (longer turns are truncated on the right).
         system: ``"none"`` (the reference: no system prompt, a template's injected default
             removed) or ``"template"`` (what the template renders for a lone message).
+        chunk_tokens: positions per LM-head chunk; default ``2**26 // vocabulary`` (256 MB of fp32
+            logits: 512 positions for Llama 3's 128k vocabulary).
     """
 
     def __init__(
@@ -108,16 +144,27 @@ class TransformersLMLoss:
         model: Any,
         tokenizer: Any,
         *,
-        batch_size: int = 16,
+        max_batch_tokens: int = 2048,
         max_length: int = 2048,
         system: str = "none",
+        chunk_tokens: int | None = None,
     ) -> None:
+        for name, value in (("max_batch_tokens", max_batch_tokens), ("max_length", max_length)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ScoringError(f"{name} must be an int >= 1 (tokens), got {value!r}")
+        if chunk_tokens is not None and (not isinstance(chunk_tokens, int) or chunk_tokens < 1):
+            raise ScoringError(
+                f"chunk_tokens must be an int >= 1 or None (from the vocabulary), got {chunk_tokens!r}"
+            )
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.max_length = max_length
         self.system = system
+        vocab = model.get_output_embeddings().weight.shape[0]
+        self.chunk_tokens = chunk_tokens or max(1, 2**26 // vocab)
         self._prefix, self._suffix_scored, self._suffix_rest = turn_template(tokenizer, system=system)
+        self._plain_head: bool | None = None  # checked on the first call
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "embedded", **kwargs: Any) -> TransformersLMLoss:
@@ -130,48 +177,120 @@ class TransformersLMLoss:
 
     def __call__(self, texts: Sequence[str]) -> list[float]:
         """The mean content-token loss of each text (same order)."""
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        if not texts:
+            return []
+        turns = self._encode(texts)
+        order = sorted(range(len(turns)), key=lambda i: len(turns[i][0]))
         losses: list[float] = [0.0] * len(texts)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            for i, loss in zip(chunk, self._batch([texts[i] for i in chunk])):
+        for group in budget_batches([len(turns[i][0]) for i in order], self.max_batch_tokens):
+            chunk = [order[g] for g in group]
+            for i, loss in zip(chunk, self._batch([turns[i] for i in chunk])):
                 losses[i] = loss
         return losses
 
-    def _batch(self, texts: list[str]) -> list[float]:
-        torch = require("torch", "train")
+    def _encode(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        """Each text's token ids and the positions of its scored tokens (content + end marker)."""
         contents = [t.strip() for t in texts]
         full = [self._prefix + c + self._suffix_scored + self._suffix_rest for c in contents]
-        padding_side = self.tokenizer.padding_side
-        self.tokenizer.padding_side = "right"
-        try:
-            enc = self.tokenizer(
-                full,
-                return_tensors="pt",
-                padding=True,
-                truncation=True,
-                max_length=self.max_length,
-                add_special_tokens=False,
-                return_offsets_mapping=True,
-            )
-        finally:
-            self.tokenizer.padding_side = padding_side
-        offsets = enc.pop("offset_mapping")
-        start = len(self._prefix)
-        ends = torch.tensor([start + len(c) + len(self._suffix_scored) for c in contents]).unsqueeze(1)
-        mask = (offsets[..., 0] >= start) & (offsets[..., 0] < ends) & enc["attention_mask"].bool()
-        enc = {k: v.to(self.model.device) for k, v in enc.items()}
-        with torch.inference_mode():
-            logits = self.model(**enc).logits.float()
-        target_mask = mask[:, 1:].to(logits.device)
-        log_probs = torch.nn.functional.cross_entropy(
-            logits[:, :-1].transpose(1, 2), enc["input_ids"][:, 1:], reduction="none"
+        enc = self.tokenizer(
+            full,
+            truncation=True,
+            max_length=self.max_length,
+            add_special_tokens=False,
+            return_offsets_mapping=True,
         )
-        counts = target_mask.sum(dim=1)
-        if bool((counts == 0).any()):
-            raise ScoringError("a turn has no content tokens to score (empty after the chat template)")
-        per_text = (log_probs * target_mask).sum(dim=1) / counts
-        return [float(x) for x in per_text.cpu()]
+        start = len(self._prefix)
+        out = []
+        for n, (ids, offsets, content) in enumerate(zip(enc["input_ids"], enc["offset_mapping"], contents)):
+            end = start + len(content) + len(self._suffix_scored)
+            scored = [j for j, (lo, _) in enumerate(offsets) if j > 0 and start <= lo < end]
+            if not scored:
+                raise ScoringError(
+                    f"turn {n} has no content tokens to score (empty after the chat template, or "
+                    f"max_length={self.max_length} too short for its template prefix): raise max_length"
+                )
+            out.append((list(ids), scored))
+        return out
+
+    def _batch(self, turns: list[tuple[list[int], list[int]]]) -> list[float]:
+        torch = require("torch", "train")
+        device = self.model.device
+        width = max(len(ids) for ids, _ in turns)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        input_ids = torch.full((len(turns), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(turns), width), dtype=torch.long)
+        rows, cols = [], []
+        for r, (ids, scored) in enumerate(turns):
+            input_ids[r, : len(ids)] = torch.tensor(ids)
+            attention[r, : len(ids)] = 1
+            rows += [r] * len(scored)
+            cols += [j - 1 for j in scored]  # position j - 1 predicts token j
+        rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
+        targets = input_ids[rows_t, cols_t + 1].to(device)
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        with torch.inference_mode():
+            if self._plain_head is None:
+                self._plain_head = self._head_is_plain(input_ids[:1, : min(width, 16)])
+            if self._plain_head:
+                hidden = self.model.get_decoder()(
+                    input_ids=input_ids, attention_mask=attention, use_cache=False
+                )
+                token_losses = self._chunked_loss(
+                    hidden.last_hidden_state[rows_t.to(device), cols_t.to(device)], targets
+                )
+            else:
+                token_losses = self._kept_logits_loss(input_ids, attention, rows_t, cols_t, targets)
+            sums = torch.zeros(len(turns), dtype=torch.float32, device=device).index_add_(
+                0, rows_t.to(device), token_losses
+            )
+        counts = torch.tensor([len(scored) for _, scored in turns], dtype=torch.float32)
+        return [float(x) for x in sums.cpu() / counts]
+
+    def _chunked_loss(self, hidden: Any, targets: Any) -> Any:
+        """Per-position cross-entropy of ``hidden`` (``[n, width]``) against ``targets``, through
+        the LM head ``chunk_tokens`` positions at a time, fp32 per chunk."""
+        torch = require("torch", "train")
+        head = self.model.get_output_embeddings()
+        out = torch.empty(len(targets), dtype=torch.float32, device=targets.device)
+        for s in range(0, len(targets), self.chunk_tokens):
+            logits = head(hidden[s : s + self.chunk_tokens])
+            out[s : s + self.chunk_tokens] = torch.nn.functional.cross_entropy(
+                logits.float(), targets[s : s + self.chunk_tokens], reduction="none"
+            )
+            del logits
+        return out
+
+    def _kept_logits_loss(self, input_ids: Any, attention: Any, rows: Any, cols: Any, targets: Any) -> Any:
+        """The fallback for a head that is more than the output embedding: the model's own logits
+        of the predicting positions only (``logits_to_keep``), fp32 per chunk."""
+        torch = require("torch", "train")
+        keep = torch.unique(cols)
+        logits = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            use_cache=False,
+            logits_to_keep=keep.to(input_ids.device),
+        ).logits
+        at = torch.searchsorted(keep, cols).to(logits.device)
+        rows = rows.to(logits.device)
+        out = torch.empty(len(targets), dtype=torch.float32, device=targets.device)
+        for s in range(0, len(targets), self.chunk_tokens):
+            part = logits[rows[s : s + self.chunk_tokens], at[s : s + self.chunk_tokens]].float()
+            out[s : s + self.chunk_tokens] = torch.nn.functional.cross_entropy(
+                part, targets[s : s + self.chunk_tokens], reduction="none"
+            )
+        return out
+
+    def _head_is_plain(self, input_ids: Any) -> bool:
+        """Whether the model's logits are its output embedding applied to its decoder's output
+        (false for a final soft-cap or a logit scale), on a few tokens."""
+        torch = require("torch", "train")
+        full = self.model(input_ids=input_ids, use_cache=False).logits
+        ours = self.model.get_output_embeddings()(
+            self.model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
+        )
+        # the same modules on the same input: equal but for a head that does more (no fp32 copy made)
+        return bool(torch.allclose(full, ours, rtol=1e-5, atol=1e-6))
 
 
 def score_turns(scorer: Any, texts: Sequence[str]) -> list[float]:

@@ -43,7 +43,7 @@ def test_embedded_model_plays_two_short_episodes(embedded) -> None:
 
 def test_lm_loss_scores_content_tokens_only_and_prefers_fluent_text(embedded) -> None:
     model, tokenizer = embedded
-    scorer = TransformersLMLoss(model, tokenizer, batch_size=4)
+    scorer = TransformersLMLoss(model, tokenizer, max_batch_tokens=64)
     fluent = "Alice: The capital of France is Paris."
     garbled = "Alice: Paris capital the France of is zq xv."
     losses = scorer([fluent, garbled, fluent])
