@@ -28,6 +28,7 @@ from optima_env.datasets.files import (
 )
 from optima_env.datasets.loading import (
     ARC_OVERLAP,
+    DUPLICATE_QUESTION,
     MMLU_SHUFFLE_SEED,
     LoadReport,
     Source,
@@ -43,6 +44,7 @@ __all__ = [
     "ARC_OVERLAP",
     "DATASETS",
     "DATA_DIR_ENV",
+    "DUPLICATE_QUESTION",
     "MMLU_SHUFFLE_SEED",
     "DatasetSpec",
     "HubSource",
