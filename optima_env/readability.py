@@ -161,7 +161,8 @@ class TransformersLMLoss:
         self.max_batch_tokens = max_batch_tokens
         self.max_length = max_length
         self.system = system
-        vocab = model.get_output_embeddings().weight.shape[0]
+        head = model.get_output_embeddings()
+        vocab = head.weight.shape[0] if head is not None else model.config.get_text_config().vocab_size
         self.chunk_tokens = chunk_tokens or max(1, 2**26 // vocab)
         self._prefix, self._suffix_scored, self._suffix_rest = turn_template(tokenizer, system=system)
         self._plain_head: bool | None = None  # checked on the first call
@@ -285,10 +286,14 @@ class TransformersLMLoss:
         """Whether the model's logits are its output embedding applied to its decoder's output
         (false for a final soft-cap or a logit scale), on a few tokens."""
         torch = require("torch", "train")
+        head, decoder = self.model.get_output_embeddings(), self.model.get_decoder()
+        if head is None or decoder is self.model:  # no separate head to apply: the model's own logits
+            return False
         full = self.model(input_ids=input_ids, use_cache=False).logits
-        ours = self.model.get_output_embeddings()(
-            self.model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
-        )
+        hidden = getattr(decoder(input_ids=input_ids, use_cache=False), "last_hidden_state", None)
+        if hidden is None:
+            return False
+        ours = head(hidden)
         # the same modules on the same input: equal but for a head that does more (no fp32 copy made)
         return bool(torch.allclose(full, ours, rtol=1e-5, atol=1e-6))
 
