@@ -158,3 +158,19 @@ def test_bad_settings_and_unscorable_turns_are_refused(tiny_bf16) -> None:
     with pytest.raises(ScoringError, match="turn 0 has no content tokens to score"):
         TransformersLMLoss(model, tokenizer, max_length=2)(["Bob: ok"])
     assert TransformersLMLoss(model, tokenizer)([]) == []
+
+
+def test_a_peft_wrapped_model_is_scored_with_its_adapter(tmp_path) -> None:
+    peft = pytest.importorskip("peft")
+    from tests.optima_trainers.tiny_model import make_tiny_model
+
+    folder = make_tiny_model(tmp_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    base = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    plain = TransformersLMLoss(base, tokenizer)(TURNS)
+    torch.manual_seed(0)
+    config = peft.LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
+    model = peft.get_peft_model(base, config)
+    got = TransformersLMLoss(model, tokenizer)(TURNS)
+    assert got == pytest.approx(reference_losses(model, tokenizer, TURNS), abs=1e-5)
+    assert max(abs(a - b) for a, b in zip(got, plain)) > 1e-3  # the adapter was applied
