@@ -40,7 +40,6 @@ from typing import Any
 
 import pluggy
 
-from optima_env.backends.loading import load_policy
 from optima_env.configtree import ConfigError
 from optima_env.errors import PluginError
 from optima_env.io import write_json_atomic
@@ -50,6 +49,7 @@ from optima_env.registry import get_plugin_manager, make_task, trainer_specs
 from optima_trainers.backends import StageContext, TrainerBackend
 from optima_trainers.checkpoint import discard_partial, is_complete, require_complete, train_metrics
 from optima_trainers.config import TrainConfig, check_options
+from optima_trainers.engines import PolicyLoader
 from optima_trainers.faults import fault_point
 from optima_trainers.generation import GenerationContext, load_readability_scorer
 from optima_trainers.hookspecs import add_trainer_hookspecs
@@ -143,6 +143,10 @@ class IterativeTrainer:
         self.base_model = resolve_model_path(config.model)
         self._scorer: Any = None
         self._verified: set[str] = set()
+        self.loader = PolicyLoader(
+            config, max_model_len=self.max_model_len, before_engine_start=self._drop_scorer
+        )
+        """Loads the generation policies (with vLLM, one engine for the whole run)."""
 
     # -- driver ---------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -158,6 +162,7 @@ class IterativeTrainer:
         try:
             yield
         finally:
+            self.loader.close()  # the engine kept for the run (vLLM), if any
             self.pm.unregister(self.backend)
             if tracker is not None:
                 self.pm.unregister(tracker)
@@ -337,31 +342,16 @@ class IterativeTrainer:
         return self._load(model)
 
     def _load(self, model: str) -> Any:
-        gen = self.config.generation
-        if gen.backend == "vllm" and self._scorer is not None:
-            # vLLM sizes its engine from the memory free when it starts (and refuses to start below
-            # gpu_memory_utilization): the frozen readability model leaves first, loaded again
-            # when the stage scores
-            self._scorer = None
-            release()
-        options = gen.policy_options()
-        if gen.backend == "vllm" and self.max_model_len is not None:
-            options["max_model_len"] = self.max_model_len  # the same context as the envs' budget
-        return load_policy(
-            model,
-            backend=gen.backend,
-            batch_size=gen.concurrency,
-            dtype=self.config.dtype,
-            compute_type=gen.compute_type,
-            **options,
-        )
+        return self.loader.load(model)
 
-    @staticmethod
-    def _release(policy: Any) -> None:
-        close = getattr(policy, "close", None)
-        if callable(close):
-            close()
-        del policy
+    def _release(self, policy: Any) -> None:
+        self.loader.release(policy)
+
+    def _drop_scorer(self) -> None:
+        """Before a vLLM engine starts (it sizes itself from the memory free then, and refuses to
+        start below gpu_memory_utilization): the frozen readability model leaves, loaded again when
+        the stage scores."""
+        self._scorer = None
         release()
 
     @property

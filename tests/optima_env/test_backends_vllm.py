@@ -99,3 +99,86 @@ def test_a_conversation_that_outgrows_the_engines_context_ends_flagged_not_faile
     )
     assert [e.end_reason for e in episodes] == ["context_full"] * 2
     assert all(e.truncated and 1 <= len(e.turns) < 10 for e in episodes)
+
+
+def test_new_weights_reach_the_running_engine_in_place(vllm_policy, tmp_path) -> None:
+    """load_weights (vLLM's reload_weights + a prefix-cache reset) gives the same greedy replies as a
+    fresh engine started on that checkpoint; then the engine goes back to the embedded weights."""
+    import torch
+    import transformers
+
+    from optima_env.backends.loading import load_policy
+    from optima_env.models import resolve_model_path
+
+    base = resolve_model_path("embedded")
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    with torch.no_grad():
+        for layer in model.model.layers[:6]:
+            layer.mlp.down_proj.weight.mul_(-1.0)  # a different model of the same architecture
+    changed = tmp_path / "changed"
+    model.save_pretrained(changed)
+    transformers.AutoTokenizer.from_pretrained(base).save_pretrained(changed)
+    requests, greedy = chat_requests(3), SamplingParams(temperature=0, max_new_tokens=12)
+    before = vllm_policy.generate(requests, greedy)
+    vllm_policy.load_weights(str(changed))
+    try:
+        assert vllm_policy.model_path == str(changed)
+        reloaded = vllm_policy.generate(requests, greedy)
+        fresh = load_policy(str(changed), backend="vllm", dtype="float32", max_model_len=1024, enforce_eager=True,
+                            cpu_kvcache_gb=1, gpu_memory_utilization=0.2)  # fmt: skip
+        try:
+            assert reloaded == fresh.generate(requests, greedy)
+        finally:
+            fresh.close()
+        assert reloaded != before  # the cached prefixes of `before` were not reused
+    finally:
+        vllm_policy.load_weights("embedded")
+    assert vllm_policy.generate(requests, greedy) == before
+
+
+def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_just_trained(
+    vllm_policy, tmp_path, monkeypatch
+) -> None:
+    """A 2-stage iSFT run with generation.backend=vllm starts one engine; stage 2 generates after the
+    engine loaded iter_00's checkpoint in place, and a fresh engine on that checkpoint replays
+    stage 2's episodes exactly (same jobs, seeds and batch)."""
+    pytest.importorskip("trl")
+    from optima_env.backends.loading import load_policy
+    from optima_env.io import read_episodes
+    from optima_env.registry import get_plugin_manager
+    from optima_trainers import IterativeTrainer, RunDir, engines, resolve_config
+    from optima_trainers.stages import stage_seed
+
+    vllm_policy.close()  # the module's engine is done (this test runs last): free its memory
+    started = []
+    monkeypatch.setattr(engines, "load_policy", lambda *a, **k: started.append(a) or load_policy(*a, **k))
+    sizes = {"generation.backend": "vllm", "generation.vllm_gpu_memory_utilization": 0.2,
+             "generation.max_model_len": 1024, "generation.instances": 2, "generation.num_samples": 2,
+             "generation.max_turns": 2, "generation.max_new_tokens": 8, "generation.concurrency": 4,
+             "sft.max_steps": 1, "selection.theta": -100.0}  # fmt: skip
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    config = resolve_config("ie/synth-v0", "isft", profile="cpu", iterations=2, overrides=sizes)
+    trainer = IterativeTrainer(config, run_dir=RunDir.create(config, run_dir=tmp_path / "run"), progress=False)
+    trainer.run()
+    assert len(started) == 1  # one engine for the run
+    checkpoint = tmp_path / "run" / "iter_00" / "checkpoint"
+    stored = read_episodes(tmp_path / "run" / "iter_01" / "episodes.jsonl")
+    fresh = load_policy(str(checkpoint), backend="vllm", dtype="float32", max_model_len=1024,
+                        gpu_memory_utilization=0.2)  # fmt: skip
+    try:
+        gen = config.generation
+        replay = rollout(
+            trainer.task,
+            fresh,
+            jobs=make_jobs(range(2, 4), gen.num_samples, stage_seed(config.seed, "iter_01")),
+            sampling=SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_new_tokens=gen.max_new_tokens,
+                                    seed=stage_seed(config.seed, "iter_01"), stop=gen.stops(trainer.task.agents)),
+            env_kwargs={**trainer._env_kwargs(fresh), "pm": get_plugin_manager()},
+            concurrency=gen.concurrency,
+            reset_options=lambda job: {"index": job.index % trainer.num_train},
+        )  # fmt: skip
+    finally:
+        fresh.close()
+    assert sorted((e.sample_id, [t.text for t in e.turns]) for e in replay) == sorted(
+        (e.sample_id, [t.text for t in e.turns]) for e in stored
+    )
