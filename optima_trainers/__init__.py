@@ -12,16 +12,28 @@ Everything the README and ``examples/`` import is an attribute of this package (
 load their module on first use. Adapters to other frameworks keep their own public namespace,
 ``optima_trainers.integrations.<framework>`` (e.g. ``integrations.trl`` for TRL's GRPO).
 
-Modules: :mod:`~optima_trainers.config` (the configuration tree, profiles, resolution),
-:mod:`~optima_trainers.backends` (the trainer-backend contract and the built-in backends),
-:mod:`~optima_trainers.stages` (records the host and backends exchange),
-:mod:`~optima_trainers.selection` (iSFT data selection), :mod:`~optima_trainers.sft_data` (per-agent
-masked examples), :mod:`~optima_trainers.sft` (SFT on TRL), :mod:`~optima_trainers.mcts` /
-:mod:`~optima_trainers.tree` / :mod:`~optima_trainers.pairs` / :mod:`~optima_trainers.dpo` (iDPO data
-and training), :mod:`~optima_trainers.tree_stage` (tree-stage generation), :mod:`~optima_trainers.loop`
-(the host loop), :mod:`~optima_trainers.runs` and :mod:`~optima_trainers.checkpoint` (persistence and
-resume), :mod:`~optima_trainers.provenance` (the git commit a run records), :mod:`~optima_trainers.plugin`
-(hook registrations), :mod:`~optima_trainers.cli` (command line).
+Modules (the folders that group them come with issue 28's next step):
+
+* host: :mod:`~optima_trainers.loop` (the host loop), :mod:`~optima_trainers.generation` (its
+  generation context and resumable rollouts), :mod:`~optima_trainers.sample_stage` /
+  :mod:`~optima_trainers.tree_stage` (what a stage generates), :mod:`~optima_trainers.engines`
+  (policies per stage; one vLLM engine per run), :mod:`~optima_trainers.memory` (the memory
+  lifecycle), :mod:`~optima_trainers.hookspecs` (the training events),
+  :mod:`~optima_trainers.runs` / :mod:`~optima_trainers.checkpoint` (persistence and resume),
+  :mod:`~optima_trainers.faults` (fault points for the resume tests),
+  :mod:`~optima_trainers.provenance` (the git commit a run records);
+* contract and backends: :mod:`~optima_trainers.backends` (``TrainerBackend``, ``StageContext``, the
+  built-in backends), :mod:`~optima_trainers.stages` (the records the host and backends exchange),
+  :mod:`~optima_trainers.grpo` (the GRPO backend), :mod:`~optima_trainers.plugin` (registrations);
+* configuration: :mod:`~optima_trainers.config` (the tree, layers, resolution),
+  :mod:`~optima_trainers.sections` (its ``generation`` and ``tree`` sections),
+  :mod:`~optima_trainers.presets` (reward presets, fidelity switches, compute profiles);
+* SFT: :mod:`~optima_trainers.selection`, :mod:`~optima_trainers.sft_data`, :mod:`~optima_trainers.sft`;
+* tree search and DPO: :mod:`~optima_trainers.mcts` (with :mod:`~optima_trainers.mcts_async` and
+  :mod:`~optima_trainers.mcts_reward`), :mod:`~optima_trainers.tree`, :mod:`~optima_trainers.pairs`,
+  :mod:`~optima_trainers.types`, :mod:`~optima_trainers.dpo` (with :mod:`~optima_trainers.dpo_metrics`);
+* command line and tools: :mod:`~optima_trainers.cli` (``train``), :mod:`~optima_trainers.export`,
+  :mod:`~optima_trainers.tracking`; adapters: :mod:`optima_trainers.integrations.trl`.
 """
 
 from __future__ import annotations
