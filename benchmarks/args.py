@@ -41,7 +41,8 @@ class RunArgs:
     """Options of one benchmark run (each becomes a ``--flag``)."""
 
     suite: str = "main"
-    """Suite: main, smoke, paper, scaling, rollout, loop or demo (its defaults fill every unset flag)."""
+    """Suite: main, smoke, paper, scaling, baselines, rollout, loop or demo (its defaults fill every
+    unset flag)."""
     task: tuple[str, ...] = ()
     """Task id or unique name (repeatable or comma-separated; default: the suite's tasks)."""
     methods: tuple[str, ...] = ()
