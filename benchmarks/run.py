@@ -73,7 +73,7 @@ from benchmarks.suites import get_suite
 from benchmarks.units import open_task, play_methods
 from optima_env import configtree
 from optima_env.backends.peft_adapter import is_adapter
-from optima_env.cli_support import run_command, setup_logging
+from optima_env.cli_support import progress_silenced, run_command, setup_logging
 from optima_env.io import write_json_atomic, write_text_atomic
 from optima_env.paths import folder_lock
 from optima_trainers.provenance import git_commit
@@ -390,8 +390,6 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(fmt="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--no-progress" in argv:  # before any library creates a bar
-        os.environ.update(TQDM_DISABLE="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
 
     def body() -> None:
         args, ns = parse_command(argv)
@@ -403,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
             return f"interrupted; finished episodes are kept: rerun {exc.resume} to resume"
         return "interrupted before the run started; nothing was written"
 
-    return run_command(body, argv=argv, on_interrupt=interrupted)
+    with progress_silenced("--no-progress" in argv):  # before any library creates a bar
+        return run_command(body, argv=argv, on_interrupt=interrupted)
 
 
 if __name__ == "__main__":

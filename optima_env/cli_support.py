@@ -30,8 +30,10 @@ exists in :mod:`optima_env.configtree`. No torch here (the bottom layer).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
+import os
 import sys
 import traceback
 import typing
@@ -56,6 +58,7 @@ __all__ = [
     "field_values",
     "flag_name",
     "one_line",
+    "progress_silenced",
     "run_command",
     "setup_logging",
 ]
@@ -285,3 +288,26 @@ def run_command(
 def _run_cleanup(cleanup: Callable[[], object] | None) -> None:
     if cleanup is not None:
         cleanup()
+
+
+_QUIET = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+
+
+@contextlib.contextmanager
+def progress_silenced(active: bool = True) -> Any:
+    """``--no-progress`` for the length of one command: every bar off (tqdm's ``TQDM_DISABLE``
+    covers TRL's and transformers' trainers; the hub has its own switch), the environment restored
+    afterwards, so a command run in-process (a test, a notebook) does not silence the bars of what
+    runs after it, subprocesses included."""
+    saved = {name: os.environ.get(name) for name in _QUIET}
+    if active:
+        os.environ.update(_QUIET)
+    try:
+        yield
+    finally:
+        if active:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

@@ -43,6 +43,7 @@ from optima_env.cli_support import (
     add_common_flags,
     add_field_flags,
     field_values,
+    progress_silenced,
     run_command,
     setup_logging,
 )
@@ -287,22 +288,12 @@ def _check_config_paths(config: Any) -> None:
         check_model_flag(f"generation.agent_models[{agent!r}]", model)
 
 
-def _quiet_progress() -> None:
-    """``--no-progress``: silence every bar, ours and the libraries' (tqdm's own switch covers
-    TRL's and transformers' trainers; the hub and transformers have their own)."""
-    os.environ["TQDM_DISABLE"] = "1"
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (:mod:`optima_env.cli_support`: 0 ok, 2 on a usage,
     configuration or data error, 130 when interrupted, with the command that resumes, 1 on a bug)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if "--no-progress" in argv:
-        _quiet_progress()
     state: dict[str, Any] = {"run": None, "created": False, "discarded": False}
 
     def body() -> int:
@@ -334,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         resume = f"python -m optima_trainers.train --resume --run-dir {state['run'].root}"
         return f"interrupted; continue with: {resume}"
 
-    return run_command(body, argv=argv, on_interrupt=interrupted, cleanup=cleanup)
+    with progress_silenced("--no-progress" in argv):  # every bar, ours and the libraries'
+        return run_command(body, argv=argv, on_interrupt=interrupted, cleanup=cleanup)
 
 
 def _report(metrics: list[dict[str, Any]], run: Any) -> None:

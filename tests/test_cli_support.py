@@ -232,3 +232,21 @@ def test_the_trainers_flags_show_their_fields_docstrings() -> None:
     for spec in FLAGS:
         assert docs[spec.fields[0]] and helps[spec.flag].startswith(docs[spec.fields[0]]), spec.flag
     assert helps["--lambda-token"].startswith("λ_token")
+
+
+def test_no_progress_holds_for_one_command_and_leaves_the_environment_as_it_was(monkeypatch, capsys) -> None:
+    """An in-process ``--no-progress`` command (a test, a notebook) must not silence the bars of
+    what runs after it: subprocesses inherit os.environ (a CI run failed on exactly that)."""
+    import os
+
+    from optima_env.cli_support import progress_silenced
+    from optima_trainers.cli import main
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
+    with progress_silenced():
+        assert os.environ["TQDM_DISABLE"] == "1" and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert "TQDM_DISABLE" not in os.environ and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+    assert main(["--task", "synth", "--print-config", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert "TQDM_DISABLE" not in os.environ
