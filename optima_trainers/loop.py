@@ -30,6 +30,7 @@ for each stage's data on disk, then every process receives it through the same h
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -301,10 +302,10 @@ class IterativeTrainer:
         the stages play row ``position % num_train`` (spec §5 item 2: the cursor wraps)."""
         return list(range(start, start + count))
 
-    @property
+    @functools.cached_property
     def max_model_len(self) -> int | None:
         """``generation.max_model_len``, else the starting model's ``max_position_embeddings``
-        (``None`` when neither says)."""
+        (``None`` when neither says); read once per run."""
         if self.config.generation.max_model_len is not None:
             return self.config.generation.max_model_len
         path = Path(self.base_model) / "config.json"
