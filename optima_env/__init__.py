@@ -44,7 +44,14 @@ from optima_env.errors import (
 from optima_env.hookspecs import hookimpl
 from optima_env.io import read_episodes, write_episodes, write_json_atomic, write_text_atomic
 from optima_env.models import load_model
-from optima_env.policy import ChatPolicy, GenerationRequest, PerAgentPolicy, SamplingParams, ScriptedPolicy
+from optima_env.policy import (
+    ChatPolicy,
+    GenerationRequest,
+    PerAgentPolicy,
+    SamplingParams,
+    ScriptedPolicy,
+    TurnEngine,
+)
 from optima_env.prompts import INFORMATION_EXCHANGE_PROMPT, PEER_DEBATE_PROMPT, join_names, render
 from optima_env.readability import TransformersLMLoss
 from optima_env.registry import (
@@ -108,6 +115,7 @@ __all__ = [
     "TrainerSpec",
     "TransformersLMLoss",
     "TransformersPolicy",
+    "TurnEngine",
     "Turn",
     "UnknownTaskError",
     "VLLMPolicy",

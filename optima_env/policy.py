@@ -29,6 +29,7 @@ from optima_env.errors import TaskContractError
 __all__ = [
     "ChatPolicy",
     "GenerationRequest",
+    "TurnEngine",
     "PerAgentPolicy",
     "SamplingParams",
     "ScriptedPolicy",
@@ -93,6 +94,48 @@ class ChatPolicy(Protocol):
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[str]:
         """One utterance per request, each starting with the request's ``prefix``."""
+        ...
+
+
+@runtime_checkable
+class TurnEngine(Protocol):
+    """A policy that takes requests one at a time and hands back each reply as soon as it is done.
+
+    The rollout driver (:func:`optima_env.rollout.rollout`) uses it so that no conversation waits
+    for another's turn: it submits a conversation's next turn the moment its last one returned,
+    and the engine admits it into the next free slot of its running batch (continuous batching)
+    instead of waiting for the batch's longest reply. A backend that can do this implements the
+    three members below besides :meth:`ChatPolicy.generate`; any other :class:`ChatPolicy` is
+    driven through :class:`optima_env.rollout.BatchTurns`, which answers everything submitted as
+    one ``generate`` batch (the behaviour of a barrier per turn).
+
+    The contract:
+
+    * ``submit(ticket, request, sampling)`` queues one request under a caller-chosen ``ticket``
+      (an int unique among the pending ones); it returns at once and does not generate;
+    * ``poll()`` advances the engine (one or more decode steps, or waits on its servers) and
+      returns the ``(ticket, reply)`` pairs that finished since the last call, in any order; it
+      returns at least one pair whenever a request is pending (it blocks until one is done) and
+      ``[]`` when nothing is;
+    * replies keep every rule of :class:`ChatPolicy` (prefix, stop strings, per-request seeds from
+      :func:`request_seed`, so a seeded request samples the same text as through ``generate``);
+    * a failure raises :class:`~optima_env.errors.BackendError` from ``poll``; the requests still
+      pending are then dropped by the engine (the driver resubmits what it replays);
+    * ``capacity`` is how many requests the engine runs at once (its batch slots), ``None`` if it
+      has no fixed bound; the driver sizes its concurrency from it.
+    """
+
+    @property
+    def capacity(self) -> int | None:
+        """Requests decoded at once (batch slots); ``None`` when unbounded (e.g. HTTP servers)."""
+        ...
+
+    def submit(self, ticket: int, request: GenerationRequest, sampling: SamplingParams) -> None:
+        """Queue ``request`` under ``ticket``; no generation happens here."""
+        ...
+
+    def poll(self) -> list[tuple[int, str]]:
+        """Advance; the ``(ticket, reply)`` pairs finished since the last call (>= 1 if any is pending)."""
         ...
 
 
