@@ -86,6 +86,10 @@ class GenerationRequest:
     agent: str = ""
     key: tuple[object, ...] = field(default=())
     """Opaque identity of the request (e.g. (job seed, turn)); backends derive per-request seeds from it."""
+    session: tuple[object, ...] = field(default=())
+    """Identity of the conversation the request belongs to (``()``: none). A backend with several
+    replicas keeps one session's requests on one replica, so that its prefix cache serves the
+    conversation's earlier turns; it moves a session only when its replica fails."""
 
 
 @runtime_checkable
