@@ -1,48 +1,78 @@
-"""Play conversations with a policy: one at a time, or many at once in batches.
+"""Play conversations with a policy: one at a time, or many at once through a turn engine.
 
-:func:`rollout` keeps up to ``concurrency`` episodes in flight. At every step it gathers the
-prompt of each running episode's current speaker, sends them to the policy as ONE batch, steps
-each env with its reply, and refills finished slots from the queue, so the backend always sees a
-full batch. Episodes come back in job order (instance by instance, sample by sample) whatever the
-order they finished in, and each job's seed is a pure function of ``(seed, instance, sample)``:
-with a scripted policy the result equals playing the jobs one by one with :func:`run_episode`.
+:func:`rollout` keeps up to ``concurrency`` episodes in flight and plays them through a
+:class:`~optima_env.policy.TurnEngine`: each conversation submits its next turn the moment its last
+one came back, and a finished conversation's slot goes to the next queued job at once. Two drivers
+(``driver=``, see :data:`~optima_env.turns.DRIVERS`):
+
+* **turns** (what ``auto`` picks for a policy that implements :class:`~optima_env.policy.TurnEngine`:
+  vLLM's engine, the transformers engine's continuous batching, the OpenAI-compatible client): the
+  engine runs the submitted turns as it likes and ``poll`` hands back each reply as soon as it is
+  done, so no conversation waits for another's turn;
+* **batch** (what ``auto`` picks for any other :class:`~optima_env.policy.ChatPolicy`, and what
+  ``driver="batch"`` forces): :class:`~optima_env.turns.BatchTurns` answers everything submitted
+  as ONE ``generate`` batch per poll, so every step gathers the current turn of each running
+  conversation (in job order), waits for the batch's longest reply, steps each env and refills the
+  freed slots: a barrier per turn, the batches this driver always sent.
+
+Episodes come back in job order (instance by instance, sample by sample) whatever the order they
+finished in, each job's seed is a pure function of ``(seed, instance, sample)`` and each request's
+key is a function of its job and turn, so with a scripted (or per-request seeded) policy the
+result equals playing the jobs one by one with :func:`run_episode`, under either driver. Every
+request of a job carries ``session=(job.seed,)``: a backend with several replicas keeps the
+conversation (and the rollouts of one tree search, which share the env seed) on one replica.
 
 Work that depends on finished episodes can join the same loop: ``refill`` is called after every
-step in which episodes ended, and the jobs it returns are queued behind the others (a tree search
-enqueues a tree's next rollouts as soon as its last ones end, so the batch stays full across
+poll in which episodes ended, and the jobs it returns are queued behind the others (a tree search
+enqueues a tree's next rollouts as soon as its last ones end, so the engine stays busy across
 trees). A refilled job's position is the next free one: the given jobs are ``0 .. len(jobs) - 1``,
-then the refilled ones in the order they were returned.
+then the refilled ones in the order they were returned. Under the batch driver which poll an
+episode ends in is fixed by the jobs; under a native engine it depends on the engine's timing, so
+the grouping of the ``refill`` calls (and the positions of the jobs they add) may vary between
+runs, while each episode's content does not.
 
-How the batch is served is the backend's business: transformers generates it as padded batches
-(with a KV cache reused across turns), vLLM schedules it with continuous batching, and the
-OpenAI-compatible client sends it as concurrent HTTP requests.
+Within one poll, the replies are handled in job order: each env is stepped, a continuing
+conversation's next turn is submitted at once (before ``on_episode`` and ``refill`` run, so a
+native engine generates while the caller scores), an ended one goes to ``on_episode``; then
+``refill`` runs and the freed slots are filled.
 
-Failures: when the policy raises (an HTTP backend gives up after its retries, a model runs out of
-memory, ...), :func:`rollout` raises :class:`RolloutError`, a
+Failures: when the engine raises (an HTTP backend gives up after its retries, a model runs out of
+memory, ...), or breaks its contract, :func:`rollout` raises :class:`RolloutError`, a
 :class:`~optima_env.errors.BackendError` that keeps every episode finished so far
 (``err.finished``, by job position; they were also passed to ``on_episode``) and lists the jobs
 still to play (``err.pending``), so a caller can save the work and resume with
 ``jobs=[jobs[i] for i in err.pending]`` (``err.jobs`` lists every job by position, the refilled
 ones included; a resumed call gets no refill for what it replays unless it passes one again).
+Tickets are unique across calls, so when a call ends early on an error that is not the engine's
+(``on_episode`` or ``refill`` raised), the replies it left in a native engine are recognized and
+dropped by the next call on the same engine. One engine serves one rollout call at a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from optima_env.conversation_env import ConversationEnv
 from optima_env.errors import RolloutError, TaskContractError
-from optima_env.policy import ChatPolicy, GenerationRequest, SamplingParams, speaker_stops
+from optima_env.policy import ChatPolicy, GenerationRequest, SamplingParams, TurnEngine, speaker_stops
 from optima_env.task import Task
+from optima_env.turns import BatchTurns, reply_problem, turn_engine
 from optima_env.types import Episode
 
-__all__ = ["RolloutError", "RolloutJob", "job_seed", "make_jobs", "rollout", "run_episode"]
+__all__ = ["BatchTurns", "RolloutError", "RolloutJob", "job_seed", "make_jobs", "rollout", "run_episode"]
+
+DEFAULT_CONCURRENCY = 32
+"""Episodes in flight when neither the caller nor the engine's ``capacity`` says how many."""
+
+_TICKETS = itertools.count()
+"""Engine tickets, unique in the process (see the module docstring on early ends)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,10 +104,14 @@ def make_jobs(instances: Sequence[int], num_samples: int, seed: int) -> list[Rol
     ]
 
 
-def _request(env: ConversationEnv, key: tuple[object, ...]) -> GenerationRequest:
+def _request(env: ConversationEnv, key: tuple[object, ...], session: tuple[object, ...]) -> GenerationRequest:
     agent = env.agent_selection
     return GenerationRequest(
-        messages=env.chat_messages(agent), prefix=env.reply_prefix(agent), agent=agent, key=key
+        messages=env.chat_messages(agent),
+        prefix=env.reply_prefix(agent),
+        agent=agent,
+        key=key,
+        session=session,
     )
 
 
@@ -93,9 +127,17 @@ def run_episode(
     sampling = sampling or SamplingParams()
     env.reset(seed=seed, options=options)
     while env.episode is None:
-        request = _request(env, (seed, len(env.turns)))
-        (reply,) = _checked_replies(policy, policy.generate([request], sampling), 1, {}, [0], ())
-        env.step(reply)
+        request = _request(env, (seed, len(env.turns)), (seed,))
+        replies = policy.generate([request], sampling)
+        problem = reply_problem(replies, 1)
+        if problem is not None:
+            raise RolloutError(
+                f"the policy {type(policy).__name__}.generate {problem}; fix the policy to return one "
+                "str per request",
+                finished={},
+                pending=[0],
+            )
+        env.step(replies[0])
     return env.episode
 
 
@@ -106,7 +148,7 @@ def rollout(
     *,
     jobs: Sequence[RolloutJob],
     sampling: SamplingParams | None = None,
-    concurrency: int = 32,
+    concurrency: int | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
     on_episode: Callable[[int, Episode], None] | None = None,
     progress: bool | None = None,
@@ -114,15 +156,20 @@ def rollout(
     stop_at_speaker_tags: bool = False,
     request_key: Callable[[RolloutJob, int], tuple[object, ...]] | None = None,
     refill: Callable[[Sequence[tuple[int, Episode]]], Sequence[RolloutJob]] | None = None,
+    driver: str = "auto",
 ) -> list[Episode]:
-    """Play every job, ``concurrency`` at a time, batching all pending turns per step.
+    """Play every job, ``concurrency`` at a time, each conversation's turn submitted as soon as its
+    last one returned (see the module docstring for the two drivers).
 
     Args:
         task: the task to play (shared by every env; its data is loaded once).
-        policy: the generation backend.
+        policy: the generation backend: a :class:`~optima_env.policy.TurnEngine` or any
+            :class:`~optima_env.policy.ChatPolicy`.
         jobs: what to play (see :func:`make_jobs`).
         sampling: sampling parameters for every turn.
-        concurrency: episodes in flight (the policy's batch size per step, at most).
+        concurrency: episodes in flight (under the batch driver: the batch size per step, at most);
+            ``None`` (the default): the engine's ``capacity`` (for the batch driver, the policy's
+            own ``capacity`` if it declares one), else :data:`DEFAULT_CONCURRENCY`.
         env_kwargs: keyword arguments of :class:`ConversationEnv` (``split``, ``tokenizer``, ...).
         on_episode: called with ``(job position, episode)`` as each episode finishes, e.g. to
             append it to a results file.
@@ -135,74 +182,191 @@ def rollout(
         request_key: the key of a job's request at a given turn, from which seeded backends
             derive its sampling seed (default ``(job.seed, turn)``); jobs that share an env seed
             (the rollouts of one MCTS tree see the same evidence) need distinct keys to differ.
-        refill: called after each generation step in which episodes ended, with their
-            ``(position, episode)`` in position order (after ``on_episode`` saw each); the jobs it
-            returns are queued behind the pending ones and played in the same loop, taking the
-            positions ``len(jobs), len(jobs) + 1, ...`` in the order they were returned. Jobs that
-            depend on finished episodes (a tree's next rollouts) thus keep the batch full.
+        refill: called after each poll in which episodes ended, with their ``(position, episode)``
+            in position order (after ``on_episode`` saw each); the jobs it returns are queued
+            behind the pending ones and played in the same loop, taking the positions
+            ``len(jobs), len(jobs) + 1, ...`` in the order they were returned. Jobs that depend on
+            finished episodes (a tree's next rollouts) thus keep the engine busy.
+        driver: ``"auto"`` (default), ``"batch"`` or ``"turns"`` (:data:`~optima_env.turns.DRIVERS`).
 
     Returns:
         The episodes, in the order of ``jobs``, then those of the refilled jobs in position order.
 
     Raises:
         RolloutError: the policy failed; the error carries the episodes finished before it.
+        TaskContractError: a bad ``concurrency`` or ``driver``, or ``refill`` returned other than jobs.
     """
-    if concurrency < 1:
-        raise TaskContractError(f"concurrency must be >= 1, got {concurrency!r}")
+    engine = turn_engine(policy, driver)
+    concurrency = _concurrency(concurrency, engine)
     sampling = sampling or SamplingParams()
     if stop_at_speaker_tags:
         extra = tuple(s for s in speaker_stops(task.agents) if s not in sampling.stop)
         sampling = dataclasses.replace(sampling, stop=sampling.stop + extra)
-    env_kwargs = dict(env_kwargs or {})
-    jobs = list(jobs)  # grows with the refilled jobs: position -> job
-    queue = deque(enumerate(jobs))
-    finished: dict[int, Episode] = {}
-    active: list[tuple[int, RolloutJob, ConversationEnv]] = []
-    bar = None
+    run = _Run(
+        task=task,
+        engine=engine,
+        sampling=sampling,
+        jobs=list(jobs),
+        env_kwargs=dict(env_kwargs or {}),
+        reset_options=reset_options,
+        request_key=request_key,
+        on_episode=on_episode,
+        refill=refill,
+    )
     if progress is None:
         progress = sys.stderr.isatty()
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(jobs), desc=f"rollout {task.id}", unit="ep")
+        run.bar = tqdm(total=len(run.jobs), desc=f"rollout {task.id}", unit="ep")
     try:
-        while queue or active:
-            while queue and len(active) < concurrency:
-                pos, job = queue.popleft()
-                env = ConversationEnv(task, **env_kwargs)
-                options = dict(reset_options(job)) if reset_options else {"index": job.index}
-                env.reset(seed=job.seed, options=options)
-                active.append((pos, job, env))
-            requests = [
-                _request(env, request_key(job, len(env.turns)) if request_key else (job.seed, len(env.turns)))
-                for _, job, env in active
-            ]
-            replies = _generate(policy, requests, sampling, finished, jobs)
-            still: list[tuple[int, RolloutJob, ConversationEnv]] = []
-            ended: list[tuple[int, Episode]] = []
-            for (pos, job, env), reply in zip(active, replies):
-                env.step(reply)
-                if env.episode is None:
-                    still.append((pos, job, env))
-                    continue
-                finished[pos] = env.episode
-                ended.append((pos, env.episode))
-                if on_episode is not None:
-                    on_episode(pos, env.episode)
-                if bar is not None:
-                    bar.update(1)
-            active = still
-            if refill is not None and ended:
-                added = _checked_jobs(refill(ended))
-                queue.extend(enumerate(added, start=len(jobs)))
-                jobs.extend(added)
-                if bar is not None and added:
-                    bar.total += len(added)
-                    bar.refresh()
+        run.play(concurrency)
     finally:
-        if bar is not None:
-            bar.close()
-    return [finished[pos] for pos in range(len(jobs))]
+        if run.bar is not None:
+            run.bar.close()
+    return [run.finished[pos] for pos in range(len(run.jobs))]
+
+
+def _concurrency(concurrency: int | None, engine: TurnEngine) -> int:
+    """The episodes to keep in flight: the caller's, else the engine's capacity, else the default."""
+    if concurrency is None:
+        capacity = engine.capacity
+        if capacity is None:
+            return DEFAULT_CONCURRENCY
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise TaskContractError(
+                f"the turn engine {type(engine).__name__}.capacity must be an int >= 1 or None, got "
+                f"{capacity!r}; fix the engine, or pass concurrency= to rollout"
+            )
+        return capacity
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise TaskContractError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
+    return concurrency
+
+
+@dataclass(slots=True, kw_only=True)
+class _Run:
+    """The state of one :func:`rollout` call: the jobs by position, the conversations in flight by
+    ticket, the finished episodes by position, and the hooks."""
+
+    task: Task
+    engine: TurnEngine
+    sampling: SamplingParams
+    jobs: list[RolloutJob]
+    """Grows with the refilled jobs: position -> job."""
+    env_kwargs: dict[str, Any]
+    reset_options: Callable[[RolloutJob], Mapping[str, Any]] | None
+    request_key: Callable[[RolloutJob, int], tuple[object, ...]] | None
+    on_episode: Callable[[int, Episode], None] | None
+    refill: Callable[[Sequence[tuple[int, Episode]]], Sequence[RolloutJob]] | None
+    bar: Any = None
+    finished: dict[int, Episode] = field(default_factory=dict)
+    flying: dict[int, tuple[int, RolloutJob, ConversationEnv]] = field(default_factory=dict)
+    """ticket -> (position, job, env) of every conversation whose turn the engine holds."""
+    first_ticket: int = field(default_factory=lambda: next(_TICKETS))
+    """Tickets below it are an earlier call's (see the module docstring)."""
+
+    def play(self, concurrency: int) -> None:
+        """Play every job and every refilled one to its end."""
+        queue = deque(enumerate(self.jobs))
+        self._admit(queue, concurrency)
+        while self.flying:
+            ended = self._advance(self._poll())
+            if self.refill is not None and ended:
+                added = _checked_jobs(self.refill(ended))
+                queue.extend(enumerate(added, start=len(self.jobs)))
+                self.jobs.extend(added)
+                if self.bar is not None and added:
+                    self.bar.total += len(added)
+                    self.bar.refresh()
+            self._admit(queue, concurrency)
+
+    def _admit(self, queue: deque[tuple[int, RolloutJob]], concurrency: int) -> None:
+        """Start queued jobs (in position order) until ``concurrency`` conversations are in flight."""
+        while queue and len(self.flying) < concurrency:
+            pos, job = queue.popleft()
+            env = ConversationEnv(self.task, **self.env_kwargs)
+            options = dict(self.reset_options(job)) if self.reset_options else {"index": job.index}
+            env.reset(seed=job.seed, options=options)
+            self._submit(pos, job, env)
+
+    def _submit(self, pos: int, job: RolloutJob, env: ConversationEnv) -> None:
+        """Hand the conversation's current turn to the engine."""
+        turn = len(env.turns)
+        key = self.request_key(job, turn) if self.request_key else (job.seed, turn)
+        ticket = next(_TICKETS)
+        try:
+            self.engine.submit(ticket, _request(env, key, (job.seed,)), self.sampling)
+        except Exception as exc:
+            raise self._failure(
+                f"the policy failed to accept a request ({type(exc).__name__}: {exc})"
+            ) from exc
+        self.flying[ticket] = (pos, job, env)
+
+    def _poll(self) -> list[tuple[int, str]]:
+        """The engine's finished ``(ticket, reply)`` pairs, checked, in position order."""
+        try:
+            pairs = self.engine.poll()
+        except Exception as exc:
+            raise self._failure(
+                f"the policy failed with {len(self.flying)} requests in flight ({type(exc).__name__}: {exc})"
+            ) from exc
+        name = type(self.engine).__name__
+        if not isinstance(pairs, list):
+            raise self._failure(f"{name}.poll must return a list of (ticket, reply) pairs, got {pairs!r:.80}")
+        mine: dict[int, str] = {}
+        for pair in pairs:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], int)):
+                raise self._failure(
+                    f"{name}.poll returned {pair!r:.80}; each item must be an (int ticket, str reply) pair"
+                )
+            ticket, reply = pair
+            if ticket < self.first_ticket:
+                continue  # an earlier call's request, left in the engine when that call ended early
+            if not isinstance(reply, str):
+                raise self._failure(
+                    f"{name}.poll returned {type(reply).__name__} {reply!r:.60} as the reply of ticket "
+                    f"{ticket}; every reply must be a str"
+                )
+            if ticket not in self.flying or ticket in mine:
+                raise self._failure(f"{name}.poll returned ticket {ticket}, which is not pending (or twice)")
+            mine[ticket] = reply
+        if not pairs:
+            raise self._failure(
+                f"{name}.poll returned no reply with {len(self.flying)} requests pending; it must block "
+                "until at least one is done"
+            )
+        return sorted(mine.items(), key=lambda pair: self.flying[pair[0]][0])
+
+    def _advance(self, replies: list[tuple[int, str]]) -> list[tuple[int, Episode]]:
+        """Step each conversation with its reply; submit its next turn, or record its episode."""
+        ended: list[tuple[int, Episode]] = []
+        for ticket, reply in replies:
+            pos, job, env = self.flying.pop(ticket)
+            env.step(reply)
+            if env.episode is None:
+                self._submit(pos, job, env)
+                continue
+            self.finished[pos] = env.episode
+            ended.append((pos, env.episode))
+            if self.on_episode is not None:
+                self.on_episode(pos, env.episode)
+            if self.bar is not None:
+                self.bar.update(1)
+        return ended
+
+    def _failure(self, what: str) -> RolloutError:
+        """A :class:`RolloutError` keeping the finished episodes and listing the rest."""
+        total = len(self.jobs)
+        pending = [pos for pos in range(total) if pos not in self.finished]
+        return RolloutError(
+            f"{what}; {len(self.finished)} of {total} episodes had finished and are kept in the error's "
+            f".finished (and were passed to on_episode); play the {len(pending)} jobs in .pending again "
+            "to resume",
+            finished=self.finished,
+            pending=pending,
+            jobs=self.jobs,
+        )
 
 
 def _checked_jobs(added: object) -> list[RolloutJob]:
@@ -210,55 +374,3 @@ def _checked_jobs(added: object) -> list[RolloutJob]:
     if not isinstance(added, Sequence) or not all(isinstance(j, RolloutJob) for j in added):
         raise TaskContractError(f"refill must return a sequence of RolloutJob, got {added!r}")
     return list(added)
-
-
-def _generate(
-    policy: ChatPolicy,
-    requests: list[GenerationRequest],
-    sampling: SamplingParams,
-    finished: Mapping[int, Episode],
-    jobs: Sequence[RolloutJob],
-) -> list[str]:
-    """One batch through the policy; any failure becomes a :class:`RolloutError` keeping ``finished``."""
-    total = len(jobs)
-    pending = [pos for pos in range(total) if pos not in finished]
-    try:
-        replies = policy.generate(requests, sampling)
-    except Exception as exc:
-        raise RolloutError(
-            f"the policy failed on a batch of {len(requests)} requests ({type(exc).__name__}: {exc}); "
-            f"{len(finished)} of {total} episodes had finished and are kept in the error's .finished "
-            f"(and were passed to on_episode); play the {len(pending)} jobs in .pending again to resume",
-            finished=finished,
-            pending=pending,
-            jobs=jobs,
-        ) from exc
-    return _checked_replies(policy, replies, len(requests), finished, pending, jobs)
-
-
-def _checked_replies(
-    policy: ChatPolicy,
-    replies: object,
-    wanted: int,
-    finished: Mapping[int, Episode],
-    pending: Sequence[int],
-    jobs: Sequence[RolloutJob],
-) -> list[str]:
-    """``replies`` checked to be a list of ``wanted`` strings; otherwise :class:`RolloutError`
-    (keeping ``finished``) naming what the policy returned instead."""
-    if not isinstance(replies, list) or len(replies) != wanted:
-        got = f"{len(replies)} replies" if isinstance(replies, list) else repr(replies)[:80]
-        problem = f"must return a list of {wanted} replies (one per request), got {got}"
-    else:
-        bad = next(((i, r) for i, r in enumerate(replies) if not isinstance(r, str)), None)
-        if bad is None:
-            return replies
-        index, reply = bad
-        problem = f"returned {type(reply).__name__} {reply!r:.60} as reply {index}; every reply must be a str"
-    raise RolloutError(
-        f"the policy {type(policy).__name__}.generate {problem}; {len(finished)} finished episodes are "
-        "kept in .finished; fix the policy to return one str per request",
-        finished=finished,
-        pending=pending,
-        jobs=jobs,
-    )
