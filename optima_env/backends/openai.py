@@ -2,15 +2,21 @@
 
 Works with any server speaking ``POST {base_url}/chat/completions`` (vLLM's OpenAI server,
 llama.cpp's, hosted APIs). A batch is sent as concurrent requests from a thread pool
-(``max_concurrency`` at a time); requests rotate over several ``base_urls`` (round robin, and a
-retry moves on to the next one). Connection errors, timeouts, HTTP 429 and 5xx are retried with
+(``max_concurrency`` at a time). It is also a :class:`~optima_env.policy.TurnEngine`: ``submit``
+sends one request at once on the pool and ``poll`` hands back each reply as soon as it arrives, so
+no conversation waits for another's turn (``capacity`` is ``None``: the servers batch).
+
+Replicas (:mod:`optima_env.backends.replicas`): a request with a ``session`` (its conversation)
+always goes to the session's replica (rendezvous hashing over ``base_urls``), so that the
+server's prefix cache serves the conversation's earlier turns; it moves only when that replica
+fails. Requests without a session rotate round robin, and a retry moves on to the next one. Connection errors, timeouts, HTTP 429 and 5xx are retried with
 exponential backoff (``Retry-After`` is honoured, up to ``max_backoff``); any other HTTP error
 fails at once. A request that still fails after ``max_retries`` retries raises
 :class:`~optima_env.errors.BackendError` naming the servers and the last error.
 
 Replicas: a server that refuses or drops connections (killed, restarting, unreachable) is taken
 out of the rotation for ``cooldown`` seconds, with one warning naming it; its requests, in flight
-or new, go at once to the other replicas (without backoff, and without using up a retry), so a
+or new, go at once to the other replicas (a session to its next replica, where it then stays) (without backoff, and without using up a retry), so a
 batch finishes on the survivors. After the cool-down one request tries it again: if it answers
 it is back in the rotation (logged), else it stays out. Only when every replica is out do
 requests wait and retry as above. A slow server (read timeout) is not taken out. Every request
@@ -28,6 +34,12 @@ the prefix is sent as a final assistant message that the model continues
 with the model's tokenizer, so counts do not depend on the backend that produced a turn.
 ``SamplingParams.ignore_eos`` is sent as vLLM's ``ignore_eos`` extension; ``seed`` and ``stop`` are
 standard fields.
+
+Weights that change at run time (the trainer, :mod:`optima_trainers.engines`): :meth:`serve`
+switches the model name the requests ask for, and with ``adapter=`` first loads a PEFT LoRA
+adapter on every live replica under that name (vLLM's runtime LoRA,
+:mod:`optima_env.backends.server_admin`); a replica that answers 404 for it later (restarted
+since) gets it loaded again before the request is retried.
 """
 
 from __future__ import annotations
@@ -39,9 +51,11 @@ import random
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Literal
 
+from optima_env.backends import server_admin
+from optima_env.backends.replicas import ReplicaSet
 from optima_env.errors import BackendError, TaskContractError, require
 from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
 
@@ -54,7 +68,8 @@ RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 
 
 class OpenAIChatPolicy:
-    """A :class:`~optima_env.policy.ChatPolicy` over OpenAI-compatible chat-completion servers.
+    """A :class:`~optima_env.policy.ChatPolicy` and :class:`~optima_env.policy.TurnEngine` over
+    OpenAI-compatible chat-completion servers.
 
     Args:
         model: the model name the server expects.
@@ -68,7 +83,12 @@ class OpenAIChatPolicy:
         prefix_mode: ``prepend`` (any server) or ``continue`` (vLLM), see the module docs.
         extra_body: more JSON fields for every request (e.g. ``{"top_k": 20}``).
         cooldown: seconds a replica that refused or dropped a connection stays out of the rotation.
+        tokenizer: the served model's tokenizer, exposed as ``policy.tokenizer`` so that the
+            environment counts turns with it (``None``: the caller counts otherwise).
     """
+
+    capacity: int | None = None
+    """:class:`~optima_env.policy.TurnEngine`: no fixed bound (the servers batch what they get)."""
 
     # size: the OpenAI-compatible client's options (URLs, key, retries, timeouts), keywords with defaults
     def __init__(
@@ -86,6 +106,7 @@ class OpenAIChatPolicy:
         prefix_mode: Literal["prepend", "continue"] = "prepend",
         extra_body: Mapping[str, Any] | None = None,
         cooldown: float = 30.0,
+        tokenizer: Any = None,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
@@ -115,13 +136,16 @@ class OpenAIChatPolicy:
         self.extra_body = dict(extra_body or {})
         self.api_key_env = api_key_env
         self.cooldown = cooldown
-        self._down_until: dict[str, float] = {}  # replica -> monotonic time it may be tried again
-        self._replies: dict[str, int] = dict.fromkeys(self.base_urls, 0)
+        self.tokenizer = tokenizer
+        self.adapter: tuple[str, str] | None = None
+        """``(name, path)`` of the LoRA adapter the requests ask for (set by :meth:`serve`)."""
+        self._replicas = ReplicaSet(self.base_urls, cooldown)
         self._client = httpx.Client(
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
         )
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="optima-openai")
+        self._pending: dict[int, Future[str]] = {}
         self._counter = itertools.count()
         self._lock = threading.Lock()
 
@@ -137,16 +161,77 @@ class OpenAIChatPolicy:
         wait(futures)
         errors = [f.exception() for f in futures if f.exception() is not None]
         if errors:
-            first = errors[0]
-            message = f"{len(errors)} of {len(requests)} chat requests failed; first: {first}"
-            if isinstance(first, BackendError):
-                raise BackendError(message) from first
-            raise BackendError(f"{message} ({type(first).__name__})") from first
+            raise _failure(errors[0], f"{len(errors)} of {len(requests)} chat requests failed")
         return [f.result() for f in futures]
+
+    def submit(self, ticket: int, request: GenerationRequest, sampling: SamplingParams) -> None:
+        """:class:`~optima_env.policy.TurnEngine`: send ``request`` now (on the thread pool)."""
+        if ticket in self._pending:
+            raise TaskContractError(f"ticket {ticket!r} is already pending; tickets must be unique")
+        self._pending[ticket] = self._pool.submit(self._complete, request, sampling)
+
+    def poll(self) -> list[tuple[int, str]]:
+        """:class:`~optima_env.policy.TurnEngine`: the replies arrived since the last call (waits
+        for at least one while any request is pending). A failed request raises
+        :class:`~optima_env.errors.BackendError`; the others still pending are dropped."""
+        if not self._pending:
+            return []
+        wait(list(self._pending.values()), return_when=FIRST_COMPLETED)
+        done = [(t, f) for t, f in self._pending.items() if f.done()]
+        for ticket, _ in done:
+            del self._pending[ticket]
+        errors = [f.exception() for _, f in done if f.exception() is not None]
+        if errors:
+            dropped = len(self._pending)
+            for future in self._pending.values():
+                future.cancel()
+            self._pending.clear()
+            raise _failure(errors[0], f"a chat request failed ({dropped} pending requests dropped)")
+        return [(t, f.result()) for t, f in done]
+
+    def serve(self, model: str, *, adapter: str | None = None) -> None:
+        """Ask for ``model`` from now on (a new stage's weights; its conversations are new).
+
+        With ``adapter`` (a PEFT LoRA folder the servers can read), the adapter is first loaded
+        under the name ``model`` on every replica that answers (vLLM's runtime LoRA); the
+        previous adapter, if another one, is unloaded. A replica that does not answer is taken
+        out of the rotation (it gets the adapter when it answers a request with 404 later).
+
+        Raises:
+            BackendError: a server refused the adapter (with how to start it), or no replica
+                answered.
+        """
+        httpx = require("httpx", "openai")
+        previous = self.adapter
+        if adapter is not None:
+            loaded = []
+            for base in self.base_urls:
+                try:
+                    server_admin.load_lora_adapter(self._client, base, model, adapter, self._auth())
+                except _dropped_connection(httpx) as exc:
+                    self._replicas.mark_down(base, f"{type(exc).__name__}: {exc}")
+                    continue
+                loaded.append(base)
+            if not loaded:
+                raise BackendError(
+                    f"no replica of {self.base_urls} answered to load the LoRA adapter {adapter}; "
+                    "check that the servers are up"
+                )
+            logger.info("LoRA adapter %s loaded as %r on %s", adapter, model, ", ".join(loaded))
+        self.model = model
+        self.adapter = (model, adapter) if adapter is not None else None
+        self._replicas.forget_sessions()
+        if previous is not None and previous[0] != model:
+            for base in self.live_replicas():
+                try:
+                    server_admin.unload_lora_adapter(self._client, base, previous[0], self._auth())
+                except (httpx.TransportError, BackendError) as exc:  # only frees server memory
+                    logger.warning("could not unload LoRA adapter %r from %s: %s", previous[0], base, exc)
 
     def close(self) -> None:
         """Close the connection pool and the worker threads."""
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pending.clear()
         self._client.close()
 
     def __enter__(self) -> OpenAIChatPolicy:
@@ -178,7 +263,7 @@ class OpenAIChatPolicy:
         return payload
 
     def _complete(self, request: GenerationRequest, sampling: SamplingParams) -> str:
-        content = self._post(self._payload(request, sampling))
+        content = self._post(self._payload(request, sampling), tuple(request.session))
         prefix = request.prefix
         if self.prefix_mode == "continue" or not prefix:
             return finish_reply(prefix, content, sampling.stop)
@@ -195,56 +280,46 @@ class OpenAIChatPolicy:
     # -- replicas -------------------------------------------------------------------------------
     def live_replicas(self) -> list[str]:
         """The base URLs in the rotation now (those not cooling down after a dropped connection)."""
-        now = time.monotonic()
-        with self._lock:
-            return [u for u in self.base_urls if self._down_until.get(u, 0.0) <= now]
+        return self._replicas.live()
 
     def replies_by_replica(self) -> dict[str, int]:
         """Successful chat completions per base URL so far."""
-        with self._lock:
-            return dict(self._replies)
+        return self._replicas.replies()
 
-    def _pick(self, turn: int) -> str:
-        live = self.live_replicas() or self.base_urls  # all out: try them anyway (with backoff)
-        return live[turn % len(live)]
+    def placements(self) -> dict[tuple[object, ...], tuple[str, ...]]:
+        """Session -> the base URLs that answered its requests (one unless its replica failed),
+        since the last :meth:`serve`."""
+        return self._replicas.placements()
 
-    def _mark_down(self, base: str, error: str) -> bool:
-        """Take ``base`` out of the rotation; True when another replica is left to fail over to."""
-        with self._lock:
-            new = base not in self._down_until
-            self._down_until[base] = time.monotonic() + self.cooldown
-        others = [u for u in self.live_replicas() if u != base]
-        if new:
-            logger.warning(
-                "replica %s is out of the rotation for %gs: %s; sending its requests to %s",
-                base,
-                self.cooldown,
-                error,
-                ", ".join(others) if others else "no other replica (every one is out: retrying with backoff)",
-            )
-        return bool(others)
+    def _reload_adapter(self, base: str, payload: Mapping[str, Any]) -> bool:
+        """``base`` answered 404 for the adapter the request asks for (restarted since it was
+        loaded): load it there again; True when the request should be sent again."""
+        adapter = self.adapter
+        if adapter is None or payload.get("model") != adapter[0]:
+            return False
+        logger.info("replica %s does not have the LoRA adapter %r (restarted?); loading it", base, adapter[0])
+        server_admin.load_lora_adapter(self._client, base, adapter[0], adapter[1], self._auth())
+        return True
 
-    def _mark_up(self, base: str) -> None:
-        with self._lock:
-            if self._down_until.pop(base, None) is None:
-                return
-        logger.info("replica %s answers again; back in the rotation", base)
-
-    def _post(self, payload: dict[str, Any]) -> str:
+    # size: one request's retry loop (failover, backoff, a reloaded adapter), a single state machine
+    def _post(self, payload: dict[str, Any], session: tuple[object, ...] = ()) -> str:
         httpx = require("httpx", "openai")
         with self._lock:
             start = next(self._counter)
         last = "no attempt made"
         attempt = failovers = 0
+        reloaded = False
         while True:
-            base = self._pick(start + attempt + failovers)
+            base = self._replicas.pick(session, start + attempt + failovers)
             url = base + "/chat/completions"
             retry_after = 0.0
             try:
                 response = self._client.post(url, json=payload, headers=self._auth())
             except _dropped_connection(httpx) as exc:  # refused, reset or cut: the replica is gone
                 last = f"{url}: {type(exc).__name__}: {exc}"
-                if self._mark_down(base, f"{type(exc).__name__}: {exc}") and failovers < len(self.base_urls):
+                if self._replicas.mark_down(base, f"{type(exc).__name__}: {exc}") and failovers < len(
+                    self.base_urls
+                ):
                     failovers += 1
                     continue  # at once, to a live replica; not counted as a retry
             except httpx.TimeoutException as exc:
@@ -252,13 +327,15 @@ class OpenAIChatPolicy:
             except httpx.TransportError as exc:
                 last = f"{url}: {type(exc).__name__}: {exc}"
             else:
-                self._mark_up(base)
+                self._replicas.mark_up(base)
                 if response.status_code == 200:
                     content = _content(response, url)
-                    with self._lock:
-                        self._replies[base] += 1
+                    self._replicas.answered(base, session)
                     return content
                 last = f"{url}: HTTP {response.status_code}: {response.text[:300]!r}"
+                if response.status_code == 404 and not reloaded and self._reload_adapter(base, payload):
+                    reloaded = True
+                    continue
                 if response.status_code not in RETRY_STATUSES:
                     raise BackendError(
                         f"the server rejected the chat request ({last}); check the model name "
@@ -283,6 +360,16 @@ class OpenAIChatPolicy:
             f"last error: {last}. Check that the server is up and reachable, or raise "
             "max_retries/timeout if it is slow"
         )
+
+
+def _failure(first: BaseException, message: str) -> BackendError:
+    """One :class:`BackendError` for failed requests, chained to the first one's error."""
+    if isinstance(first, BackendError):
+        error = BackendError(f"{message}; first: {first}")
+    else:
+        error = BackendError(f"{message}; first: {first} ({type(first).__name__})")
+    error.__cause__ = first
+    return error
 
 
 def _dropped_connection(httpx: Any) -> tuple[type[BaseException], ...]:
