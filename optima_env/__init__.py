@@ -71,6 +71,7 @@ from optima_env.rollout import RolloutJob, make_jobs, rollout, run_episode
 from optima_env.scoring import extract_tagged, f1
 from optima_env.task import Task, agent_names
 from optima_env.testing import CheckReport, check_task
+from optima_env.turns import BatchTurns
 from optima_env.types import AgentView, Episode, Paragraph, RewardBreakdown, TaskSample, Turn
 
 __version__ = "0.1.0"
@@ -80,6 +81,7 @@ __all__ = [
     "PEER_DEBATE_PROMPT",
     "AgentView",
     "BackendError",
+    "BatchTurns",
     "CTranslate2Policy",
     "ChatPolicy",
     "CheckReport",
@@ -115,8 +117,8 @@ __all__ = [
     "TrainerSpec",
     "TransformersLMLoss",
     "TransformersPolicy",
-    "TurnEngine",
     "Turn",
+    "TurnEngine",
     "UnknownTaskError",
     "VLLMPolicy",
     "__version__",
