@@ -15,6 +15,11 @@ Two decoding paths:
   differences between batch shapes).
 * **generate**: transformers' ``model.generate`` on left-padded batches (any model; the batch is
   seeded as a whole).
+
+The policy is also a :class:`~optima_env.policy.TurnEngine` (``capacity``, ``submit``, ``poll``):
+on the fast path :class:`~optima_env.backends.hf_stream.StreamingDecoder` runs one batch that
+admits each submitted request into the next free slot (continuous batching); on the generate path
+``poll`` answers what was submitted with :meth:`TransformersPolicy.generate`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 
 from optima_env.backends import _kv
 from optima_env.backends._kv import decode_roofline
+from optima_env.backends.hf_stream import StreamingDecoder, cached_ids, has_stop, sample_next
 from optima_env.errors import BackendError, TaskContractError, require
 from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
 
@@ -64,6 +70,15 @@ class DecodeStats:
     """Tokens generated, end-of-sequence tokens included."""
     forward_passes: int = 0
     """Model forward calls (prefill and decode steps; fast path)."""
+    decode_steps: int = 0
+    """Sampling rounds: each samples one token for every row of the running batch (the first from
+    its prefill's logits, the others from decode steps). Counted on every path: ``generate`` (fast
+    and transformers') and the streaming engine (``submit``/``poll``)."""
+    slot_steps: int = 0
+    """Sum over sampling rounds of the batch's slot capacity (``batch_size``), whether the slots
+    are filled or not. Slot utilization = ``generated_tokens / slot_steps`` (<= 1): the share of
+    the slots' decode work that produced a token; the rest ran idle (finished rows waiting for
+    the batch's longest reply, a last batch with fewer rows than slots, no request queued)."""
 
 
 class TransformersPolicy:
@@ -110,6 +125,7 @@ class TransformersPolicy:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.stats = DecodeStats()
         self._weights: tuple[int, ...] = ()
+        self._stream = StreamingDecoder(self)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "embedded", **kwargs: Any) -> TransformersPolicy:
@@ -145,15 +161,31 @@ class TransformersPolicy:
             self.clear_cache()
             self._weights = weights
 
+    # -- TurnEngine (continuous batching) -------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Requests decoded at once: ``batch_size`` (the slots of the streaming batch)."""
+        return self.batch_size
+
+    def submit(self, ticket: int, request: GenerationRequest, sampling: SamplingParams) -> None:
+        """Queue ``request`` under ``ticket`` (:class:`~optima_env.policy.TurnEngine`); see :meth:`poll`."""
+        self._stream.submit(ticket, request, sampling)
+
+    def poll(self) -> list[tuple[int, str]]:
+        """Decode until at least one submitted request is done; its ``(ticket, reply)`` pairs.
+
+        Fast path: queued requests join the running batch as slots free up
+        (:class:`~optima_env.backends.hf_stream.StreamingDecoder`). Other models: everything
+        queued is answered by :meth:`generate` (a batch per distinct ``SamplingParams``).
+        """
+        return self._stream.poll()
+
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[str]:
         if not requests:
             return []
-        prompts = [render_prompt(self.tokenizer, r) for r in requests]
-        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        self.stats.requests += len(ids)
-        self.stats.prompt_tokens += sum(len(x) for x in ids)
-        order = sorted(range(len(prompts)), key=lambda i: len(ids[i]))
-        out: list[str] = [""] * len(prompts)
+        ids = self._encode(requests)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out: list[str] = [""] * len(ids)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
             if self.fast:
@@ -162,15 +194,23 @@ class TransformersPolicy:
                     None if sampling.seed is None else request_seed(sampling.seed, requests[i].key)
                     for i in chunk
                 ]
-                tokens = self._decode([np.asarray(ids[i], dtype=np.int64) for i in chunk], seeds, sampling)
+                tokens = self._decode([ids[i] for i in chunk], seeds, sampling)
             else:
                 tokens = self._hf_generate(
-                    [ids[i] for i in chunk], [requests[i].key for i in chunk], sampling
+                    [ids[i].tolist() for i in chunk], [requests[i].key for i in chunk], sampling
                 )
             texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
             for i, text in zip(chunk, texts):
                 out[i] = finish_reply(requests[i].prefix, text, sampling.stop)
         return out
+
+    def _encode(self, requests: Sequence[GenerationRequest]) -> list[np.ndarray]:
+        """The token ids of each request's rendered prompt (counted in :attr:`stats`)."""
+        prompts = [render_prompt(self.tokenizer, r) for r in requests]
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        self.stats.requests += len(ids)
+        self.stats.prompt_tokens += sum(len(x) for x in ids)
+        return [np.asarray(x, dtype=np.int64) for x in ids]
 
     # -- transformers' generate -----------------------------------------------------------------
     def _hf_generate(
@@ -199,6 +239,8 @@ class TransformersPolicy:
         rows = generated[:, enc["input_ids"].shape[1] :].tolist()
         self.stats.prefilled_tokens += int(enc["attention_mask"].sum())
         self.stats.forward_passes += len(rows[0]) if rows else 0
+        self.stats.decode_steps += len(rows[0]) if rows else 0
+        self.stats.slot_steps += (len(rows[0]) if rows else 0) * self.batch_size
         stripped = [_strip_eos(row, self.eos_ids, self.tokenizer.pad_token_id) for row in rows]
         self.stats.generated_tokens += sum(min(len(s) + 1, len(r)) for s, r in zip(stripped, rows))
         return stripped
@@ -210,18 +252,20 @@ class TransformersPolicy:
         """Generate for one batch of token-id prompts; returns the new tokens of each (no EOS)."""
         torch = require("torch", "train")
         with torch.inference_mode(), _kv.gqa_attention_for(self.model):
-            if self.prefix_cache is not None and len(rows) > 1:
-                matched = [self.prefix_cache.lookup(r)[1] for r in rows]
-                shared = _kv.shared_prefixes(rows, matched, min_gain=32)
-                if shared:
-                    self._prefill_and_store(shared)
+            self._share_prefixes(rows)
             return self._run(rows, seeds, sampling)
 
-    def _prefill_and_store(self, rows: list[np.ndarray]) -> None:
-        kv, logits, info = self._prefill(rows, extra=0)
-        del logits
-        for b, row in enumerate(rows):
-            self._store(kv, b, info, row, fed=0)
+    def _share_prefixes(self, rows: list[np.ndarray]) -> None:
+        """Prefill once, into the prefix cache, the prefixes that several of ``rows`` share."""
+        if self.prefix_cache is None or len(rows) < 2:
+            return
+        matched = [self.prefix_cache.lookup(r)[1] for r in rows]
+        shared = _kv.shared_prefixes(rows, matched, min_gain=32)
+        if shared:
+            kv, logits, info = self._prefill(shared, extra=0)
+            del logits
+            for b, row in enumerate(shared):
+                self._store(kv, b, info, row, fed=0)
 
     def _prefill(self, rows: list[np.ndarray], *, extra: int):
         """Prefill ``rows`` on top of their cached prefixes, in a buffer with ``extra`` free slots."""
@@ -299,7 +343,9 @@ class TransformersPolicy:
         positions = torch.tensor(info["lengths"], dtype=torch.long, device=device)
         cache = kv.cache()
         for step in range(steps):
-            tokens = _sample(logits, sampling, generators, None if not sampling.ignore_eos else self.eos_ids)
+            tokens = sample_next(logits, sampling, generators, self.eos_ids if sampling.ignore_eos else None)
+            self.stats.decode_steps += 1
+            self.stats.slot_steps += self.batch_size
             values = tokens.tolist()
             for slot, row in enumerate(live):
                 if done[row]:
@@ -308,7 +354,7 @@ class TransformersPolicy:
                 out[row].append(token)
                 if token in self.eos_ids and not sampling.ignore_eos:
                     done[row] = True
-                elif sampling.stop and _has_stop(self.tokenizer, out[row][-stop_window:], sampling.stop):
+                elif sampling.stop and has_stop(self.tokenizer, out[row][-stop_window:], sampling.stop):
                     done[row] = True
             if step == steps - 1 or all(done[r] for r in live):
                 break
@@ -316,7 +362,7 @@ class TransformersPolicy:
             if finished and len(finished) * 4 >= len(live):
                 for slot in finished:
                     row = live[slot]
-                    self._store(kv, slot, info, _cached_ids(rows[row], out[row]), fed=len(out[row]) - 1)
+                    self._store(kv, slot, info, cached_ids(rows[row], out[row]), fed=len(out[row]) - 1)
                 keep = [slot for slot, row in enumerate(live) if not done[row]]
                 index = torch.tensor(keep, dtype=torch.long, device=device)
                 kv.select(index)
@@ -342,40 +388,9 @@ class TransformersPolicy:
             self.stats.forward_passes += 1
             logits = result.logits[:, -1].float()
         for slot, row in enumerate(live):
-            self._store(kv, slot, info, _cached_ids(rows[row], out[row]), fed=len(out[row]) - 1)
+            self._store(kv, slot, info, cached_ids(rows[row], out[row]), fed=len(out[row]) - 1)
         self.stats.generated_tokens += sum(len(o) for o in out)
         return [[t for t in o if t not in self.eos_ids] for o in out]
-
-
-def _cached_ids(prompt: np.ndarray, generated: list[int]) -> np.ndarray:
-    """The tokens whose KV states a row holds: the prompt and every generated token but the last."""
-    return np.concatenate([prompt, np.asarray(generated[:-1], dtype=np.int64)])
-
-
-def _sample(logits: Any, sampling: SamplingParams, generators: list | None, suppress: list[int] | None):
-    """Next token per row: greedy, or temperature / top-p sampling with per-row generators."""
-    import torch
-
-    if suppress:
-        logits[:, suppress] = float("-inf")
-    if sampling.greedy:
-        return logits.argmax(-1)
-    logits = logits / sampling.temperature
-    if sampling.top_p < 1.0:
-        sorted_logits, index = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs > sampling.top_p
-        sorted_logits[drop] = float("-inf")
-        logits = torch.full_like(logits, float("-inf")).scatter_(1, index, sorted_logits)
-    probs = logits.softmax(-1)
-    if generators is None:
-        return torch.multinomial(probs, 1).squeeze(1)
-    return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
-
-
-def _has_stop(tokenizer: Any, tail: list[int], stop: tuple[str, ...]) -> bool:
-    text = tokenizer.decode(tail, skip_special_tokens=True)
-    return any(s in text for s in stop)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
