@@ -13,7 +13,7 @@ one came back, and a finished conversation's slot goes to the next queued job at
   ``driver="batch"`` forces): :class:`~optima_env.turns.BatchTurns` answers everything submitted
   as ONE ``generate`` batch per poll, so every step gathers the current turn of each running
   conversation (in job order), waits for the batch's longest reply, steps each env and refills the
-  freed slots: a barrier per turn, the batches this driver always sent.
+  freed slots: a barrier per turn, the batches of the driver before turn engines existed.
 
 Episodes come back in job order (instance by instance, sample by sample) whatever the order they
 finished in, each job's seed is a pure function of ``(seed, instance, sample)`` and each request's
@@ -31,10 +31,10 @@ episode ends in is fixed by the jobs; under a native engine it depends on the en
 the grouping of the ``refill`` calls (and the positions of the jobs they add) may vary between
 runs, while each episode's content does not.
 
-Within one poll, the replies are handled in job order: each env is stepped, a continuing
-conversation's next turn is submitted at once (before ``on_episode`` and ``refill`` run, so a
-native engine generates while the caller scores), an ended one goes to ``on_episode``; then
-``refill`` runs and the freed slots are filled.
+The replies of one poll are handled in job order: each env is stepped, and a continuing
+conversation's next turn is submitted at once while an ended one's episode goes to ``on_episode``;
+then ``refill`` runs and the freed slots are filled (so a native engine already generates the next
+turns while ``refill`` scores).
 
 Failures: when the engine raises (an HTTP backend gives up after its retries, a model runs out of
 memory, ...), or breaks its contract, :func:`rollout` raises :class:`RolloutError`, a
