@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.policies import parse_agent_models
+from benchmarks.evaluation.policies import parse_agent_models
 from optima_env import configtree
 from optima_env.cli_support import (
     Parser,

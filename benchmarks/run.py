@@ -7,8 +7,8 @@ adapters the demo suite committed (iSFT, iDPO, iSFT-DPO), greedy, with the same 
 held-out instances; the table gives 95% bootstrap intervals and the ratios to MAD. Other suites:
 ``smoke`` (CoT and MAD on 4 instances), ``paper`` (spec §8.1, for a GPU), ``scaling`` (spec
 §8.3), ``rollout`` and ``loop`` (engine and training-loop throughput) and ``demo`` (the three
-trainers trained on CPU, then evaluated: :mod:`benchmarks.demo`); see :mod:`benchmarks.suites`,
-and :mod:`benchmarks.methods` for the methods (cot, sc, mad, autoform, and ``--checkpoint
+trainers trained on CPU, then evaluated: :mod:`benchmarks.demo.suite`); see :mod:`benchmarks.suites`,
+and :mod:`benchmarks.evaluation.methods` for the methods (cot, sc, mad, autoform, and ``--checkpoint
 NAME=PATH``).
 
 Writes under ``--out`` (default ``results/<suite>__<model>__<seed>__<time>/``):
@@ -42,8 +42,6 @@ its traceback too.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import inspect
 import json
 import logging
 import os
@@ -63,14 +61,14 @@ from benchmarks.args import (
     parse_command,
     vllm_options,
 )
-from benchmarks.demo_tasks import MAIN_TASK
-from benchmarks.intervals import add_intervals, ratio_table
-from benchmarks.methods import PlaySettings, build_methods
-from benchmarks.outputs import collect_results, write_outputs
-from benchmarks.policies import check_backend_flags, token_counter_description
-from benchmarks.store import EpisodeStore
+from benchmarks.demo.tasks import MAIN_TASK
+from benchmarks.evaluation.methods import PlaySettings, build_methods
+from benchmarks.evaluation.outputs import collect_results, write_outputs
+from benchmarks.evaluation.policies import check_backend_flags, token_counter_description
+from benchmarks.evaluation.store import EpisodeStore
+from benchmarks.evaluation.units import open_task, play_methods
+from benchmarks.reports.intervals import add_intervals, ratio_table
 from benchmarks.suites import get_suite
-from benchmarks.units import open_task, play_methods
 from optima_env import configtree
 from optima_env.backends.peft_adapter import is_adapter
 from optima_env.cli_support import progress_silenced, run_command, setup_logging
@@ -158,18 +156,9 @@ def _previous_invocations(out: Path) -> list[dict[str, Any]]:
 
 
 def _run_rollout_suite(args: RunArgs, out: Path) -> dict[str, Any]:
-    try:
-        rollout_bench = importlib.import_module("benchmarks.rollout_bench")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("benchmarks.rollout_bench", "benchmarks"):
-            raise
-        raise RunConfigError(
-            "--suite rollout needs the module benchmarks/rollout_bench.py (the rollout-engine "
-            "benchmark, with run_rollout_suite(out_dir=..., model=...)), which is not in this checkout"
-        ) from exc
-    wanted = {"out_dir": out, "model": args.model, "seed": args.seed}
-    params = inspect.signature(rollout_bench.run_rollout_suite).parameters
-    result = rollout_bench.run_rollout_suite(**{k: v for k, v in wanted.items() if k in params})
+    from benchmarks.throughput import rollout_bench
+
+    result = rollout_bench.run_rollout_suite(out_dir=out, model=args.model, seed=args.seed)
     print(json.dumps(result, indent=2, default=str))
     return result
 
@@ -235,14 +224,14 @@ def _throughput(args: RunArgs, suite: Any, out: Path) -> dict[str, Any]:
     if suite.name == "rollout":
         result = _run_rollout_suite(args, out)
     else:
-        from benchmarks.loop_bench import run_loop_suite
+        from benchmarks.throughput.loop_bench import run_loop_suite
 
         result = run_loop_suite(out, model=args.model, seed=args.seed)
     write_text_atomic(
         out / "command.txt", " ".join(command_line(dataclasses.replace(args, out=str(out)))) + "\n"
     )
     if args.update_readme:
-        from benchmarks.readme import performance_block, replace_block
+        from benchmarks.reports.readme import performance_block, replace_block
 
         folders = {s: REPO_README.parent / "benchmarks" / "results" / s for s in ("rollout", "loop")}
         replace_block(REPO_README, "performance", performance_block({**folders, suite.name: out}))
@@ -250,8 +239,8 @@ def _throughput(args: RunArgs, suite: Any, out: Path) -> dict[str, Any]:
 
 
 def _demo(args: RunArgs, suite: Any, out: Path) -> dict[str, Any]:
-    """The demo suite (:mod:`benchmarks.demo`: trains, then evaluates; resumable)."""
-    from benchmarks.demo import run_demo
+    """The demo suite (:mod:`benchmarks.demo.suite`: trains, then evaluates; resumable)."""
+    from benchmarks.demo.suite import run_demo
 
     return run_demo(
         out,

@@ -14,11 +14,11 @@ paper      spec §8.1: the eight paper tasks, the first 1000 test items of the i
            ``--checkpoint``), 10 turns of up to 2000 tokens; meant for a GPU with vLLM
 scaling    spec §8.3: K samples per instance at temperature 0.5 of each method (MAD and CoT by
            default), majority-vote score, coverage and total tokens for k = 1..K
-rollout    the throughput benchmark of ``benchmarks.rollout_bench`` (rollout engine vs naive loop)
+rollout    the throughput benchmark of ``benchmarks.throughput.rollout_bench`` (rollout engine vs naive loop)
 baselines  the demo's untrained baselines (CoT, SC n=8, MAD, AutoForm) with its evaluation settings
            (100 instances, 10 turns of 256 tokens, greedy, answers read in style ``small``, turns
            cut at a partner's tag) on the tasks given by ``--task`` (default: 2WikiMultihopQA)
-demo       Table 1 on CPU (``benchmarks.demo``): iSFT, iDPO and iSFT-DPO trained on the embedded
+demo       Table 1 on CPU (``benchmarks.demo.suite``): iSFT, iDPO and iSFT-DPO trained on the embedded
            task and HotpotQA, then CoT, SC, MAD, AutoForm and the committed adapters on 100
            held-out instances, every stage's curve and the inference-scaling figure; many hours
            on 2 cores, resumed from its ``--out`` folder after any stop
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.demo_tasks import DEMO_TASKS, MAIN_TASK, TRAINERS, trainer_label
+from benchmarks.demo.tasks import DEMO_TASKS, MAIN_TASK, TRAINERS, trainer_label
 from optima_env.errors import TaskContractError
 
 __all__ = ["DEMO_ADAPTERS", "PAPER_TASKS", "SUITES", "Suite", "get_suite"]
@@ -148,7 +148,7 @@ SUITES: dict[str, Suite] = {
     ),
     "rollout": Suite(
         name="rollout",
-        description="rollout-engine throughput benchmark (benchmarks.rollout_bench)",
+        description="rollout-engine throughput benchmark (benchmarks.throughput.rollout_bench)",
     ),
     "loop": Suite(
         name="loop",

@@ -47,7 +47,7 @@ from optima_env.cli_support import (
     run_command,
     setup_logging,
 )
-from optima_env.configtree import ConfigError, describe, field_docs, get, parse_sets
+from optima_env.configtree import ConfigError, describe, field_docs, parse_sets
 from optima_env.errors import OptimaError
 
 __all__ = ["build_parser", "main", "resolve_from_args"]
@@ -195,9 +195,7 @@ def resolve_from_args(ns: argparse.Namespace, pm: Any) -> tuple[Any, Any]:
             )
         iterations = overrides.pop("iterations", None)
         updated = stored.replace(**overrides) if overrides else stored
-        conflicts = {
-            k: (get(stored, k), get(updated, k)) for k in overrides if get(stored, k) != get(updated, k)
-        }
+        conflicts = stored.resume_conflicts(updated)
         if conflicts:
             raise ConfigError(
                 f"--resume keeps the run's stored config; these settings differ from it: {conflicts} "

@@ -161,6 +161,27 @@ class TrainConfig:
         """A copy with dotted overrides applied (``replace(**{"reward.lambda_token": 0.4})``)."""
         return apply(self, overrides)
 
+    def resume_conflicts(self, other: TrainConfig) -> dict[str, tuple[Any, Any]]:
+        """The settings in which ``other`` departs from this stored run's, as ``{dotted name:
+        (stored, other)}``; ``iterations`` is not one (a resumed run may run longer)."""
+        mine, theirs = _flat(self.to_dict()), _flat(other.to_dict())
+        return {
+            k: (mine.get(k), theirs.get(k))
+            for k in sorted(mine.keys() | theirs.keys())
+            if k != "iterations" and mine.get(k) != theirs.get(k)
+        }
+
+
+def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested dict as ``{dotted key: leaf}`` (an empty section is a leaf)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
 
 _RUN_FIELDS = ("task", "trainer", "preset", "profile", "family")
 

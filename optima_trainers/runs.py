@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from optima_env.configtree import ConfigError
 from optima_env.errors import DataError, TaskContractError
 from optima_env.io import append_jsonl, read_json_object, read_jsonl, read_text, write_json_atomic
 from optima_env.paths import LOCK_NAME, folder_lock
@@ -129,6 +130,64 @@ class RunDir:
         except (DataError, TaskContractError) as exc:
             raise DataError(f"{path}: {exc}; {fix}") from exc
         return cls(root), config
+
+    @classmethod
+    def open_or_create(cls, config: TrainConfig, run_dir: str | os.PathLike[str]) -> RunDir:
+        """The run in ``run_dir``: created with ``config`` when the folder holds none, else
+        reopened when its stored settings are ``config``'s (only ``iterations`` may differ).
+
+        Raises:
+            ConfigError: the folder holds a run with other settings (each listed as
+                ``(stored, given)``).
+        """
+        root = Path(run_dir)
+        if not (root / "config.json").is_file():
+            return cls.create(config, run_dir=root)
+        run, stored = cls.open(root)
+        conflicts = stored.resume_conflicts(config)
+        if conflicts:
+            raise ConfigError(
+                f"{root} holds a run with other settings (stored, given): {conflicts}; only the number "
+                "of iterations may change on resume: use another run folder or delete this one"
+            )
+        return run
+
+    def adopt_stage(self, stage: str, source: RunDir, source_stage: str) -> None:
+        """Take the finished stage ``source_stage`` of another run as this run's ``stage`` (e.g.
+        an iSFT-DPO run's initialization from an iSFT run with the same settings, spec §4).
+
+        The files are hard links, assembled under a temporary name and renamed, so a crash leaves
+        either no stage (it is adopted again) or the whole one; the stage's ``adopted.json``
+        names its source (:meth:`adopted_from`). An unfinished stage of this run's own is replaced;
+        a finished one is never touched.
+
+        Raises:
+            TaskContractError: ``source_stage`` has not finished, or ``stage`` has.
+        """
+        origin = source.root / source_stage
+        if not (origin / "result.json").is_file():
+            raise TaskContractError(
+                f"{origin} is not a finished stage (no result.json); finish that run first"
+            )
+        target = self.stage(stage)
+        if (target / "result.json").is_file():
+            raise TaskContractError(f"{target} has finished already; it cannot adopt {origin}")
+        tmp = self.root / f".{stage}.adopting"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(origin, tmp, copy_function=os.link)
+        (tmp / "result.json").unlink()  # a link to the source's file: rewritten, not edited in place
+        record = read_stage_result(origin / "result.json")
+        if record["model"].startswith(f"{source_stage}/"):
+            record["model"] = stage + record["model"][len(source_stage) :]
+        write_json_atomic(tmp / "adopted.json", {"from": str(origin)})
+        write_json_atomic(tmp / "result.json", record)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+
+    def adopted_from(self, stage: str) -> str | None:
+        """The folder stage ``stage`` was adopted from (:meth:`adopt_stage`), or None."""
+        path = self.root / stage / "adopted.json"
+        return str(read_json_object(path)["from"]) if path.is_file() else None
 
     @staticmethod
     def latest(base: str | os.PathLike[str], prefix: str) -> Path | None:

@@ -185,8 +185,8 @@ def _commands() -> list[tuple[str, argparse.ArgumentParser, set[str]]]:
     """``(command, parser, names of the configuration fields it could set)``, for every CLI."""
     from benchmarks.args import BenchConfig, RunArgs
     from benchmarks.args import build_parser as bench_parser
-    from benchmarks.rollout_bench import SuiteConfig
-    from benchmarks.rollout_bench import build_parser as rollout_parser
+    from benchmarks.throughput.rollout_bench import SuiteConfig
+    from benchmarks.throughput.rollout_bench import build_parser as rollout_parser
     from optima_trainers.cli import build_parser as train_parser
     from optima_trainers.config import TrainConfig
     from optima_trainers.export import ExportArgs

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from benchmarks.demo_tasks import MAIN_TASK
+from benchmarks.demo.tasks import MAIN_TASK
 from benchmarks.run import _suite_adapters
 from benchmarks.suites import get_suite
 from tests.helpers import REPO_ROOT
@@ -104,7 +104,8 @@ def test_the_rollout_benchmark_cli_answers_bad_flags_in_one_line(tmp_path) -> No
     ]
     for argv, message in cases:
         proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.rollout_bench", "--out", str(tmp_path / "out"), *argv],
+            [sys.executable, "-m", "benchmarks.throughput.rollout_bench", "--out", str(tmp_path / "out"),
+             *argv],  # fmt: skip
             cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
         )  # fmt: skip

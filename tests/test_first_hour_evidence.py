@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from benchmarks.methods import PlaySettings, build_methods
+from benchmarks.evaluation.methods import PlaySettings, build_methods
 from optima_env import TaskContractError, get_plugin_manager, make_task
 from optima_env.testing import check_task
 from tests.helpers import REPO_ROOT

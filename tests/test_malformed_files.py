@@ -66,7 +66,7 @@ def _jsonl(*records: dict[str, Any] | bytes) -> bytes:
 
 
 def _episodes_store(path: Path) -> Any:
-    from benchmarks.store import EpisodeStore
+    from benchmarks.evaluation.store import EpisodeStore
 
     return EpisodeStore(path)
 

@@ -1,7 +1,7 @@
 """KV-cache machinery of the transformers backend: a preallocated batch cache, a GQA attention
 kernel that never copies the cache, and a prefix cache that keeps KV states across turns.
 
-Why (measured in ``benchmarks/rollout_bench.py``): with transformers' default ``DynamicCache`` every
+Why (measured in ``benchmarks/throughput/rollout_bench.py``): with transformers' default ``DynamicCache`` every
 decode step re-allocates the whole batch cache (``torch.cat``), and its SDPA path expands the
 grouped KV heads (``repeat_kv``) of the whole cache again in every layer, so a batched decode step
 on a small model moves several times the cache per token. Here the cache is one buffer allocated

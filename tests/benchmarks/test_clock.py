@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.clock import InvocationClock, total_seconds
+from benchmarks.demo.clock import InvocationClock, total_seconds
 from optima_env.errors import DataError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def test_a_finished_invocation_is_recorded_and_invocations_add_up(tmp_path: Path
 def test_a_killed_invocation_keeps_all_but_the_last_interval(tmp_path: Path) -> None:
     path = tmp_path / "invocations.json"
     script = (
-        "import time; from pathlib import Path; from benchmarks.clock import InvocationClock\n"
+        "import time; from pathlib import Path; from benchmarks.demo.clock import InvocationClock\n"
         f"with InvocationClock(Path({str(path)!r}), interval_s=0.1):\n    time.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.demo import adapter_dir, run_demo
-from benchmarks.demo_report import readme_block, summarize, table1
-from benchmarks.demo_tasks import DEMO_TASKS, MAIN_TASK, TRAINERS, DemoTask
-from benchmarks.demo_train import recorded_runs
-from benchmarks.readme import replace_block
+from benchmarks.demo.report import readme_block, summarize, table1
+from benchmarks.demo.suite import adapter_dir, run_demo
+from benchmarks.demo.tasks import DEMO_TASKS, MAIN_TASK, TRAINERS, DemoTask
+from benchmarks.demo.train import recorded_runs
+from benchmarks.reports.readme import replace_block
 from optima_env import make_task
 from optima_env.errors import DataError, TaskContractError
 
@@ -63,7 +63,7 @@ def _row(key: str, method: str, scores: list[float], tokens: list[float]) -> dic
 
 
 class _Run:
-    """The fields of :class:`benchmarks.demo.TrainedRun` that the summary reads."""
+    """The fields of :class:`benchmarks.demo.train.TrainedRun` that the summary reads."""
 
     def __init__(self, trainer: str, stages: list[str]) -> None:
         self.trainer, self.shared = trainer, None
@@ -215,8 +215,8 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
         assert (folder / "adapter_model.safetensors").is_file() and (folder / "adapter_config.json").is_file()
     assert summary["adapters"]["iSFT"]["folder"].endswith("adapters/synth/isft")
     assert summary["adapters"]["iSFT"]["rank"] == spec.adapter_rank
-    shared = json.loads((out / "synth" / "train" / "idpo" / "shared_init.json").read_text(encoding="utf-8"))
-    assert shared["stage"] == "iter_00"
+    adopted = json.loads((out / "synth" / "train" / "idpo" / "iter_00" / "adopted.json").read_text(encoding="utf-8"))
+    assert adopted["from"] == str(out / "synth" / "train" / "isft" / "iter_00")
     curves = summary["curves"]
     assert [p["shared"] for p in curves["iDPO"]] == [True, False]
     assert curves["iDPO"][0]["score"] == curves["iSFT"][0]["score"]  # M_0 is iSFT's iter 00 row
@@ -312,7 +312,7 @@ def test_a_task_without_its_data_is_reported_and_the_readme_names_what_is_left(t
         blocks.append(text)
         real(path, name, text)
 
-    monkeypatch.setattr("benchmarks.readme.replace_block", spy)
+    monkeypatch.setattr("benchmarks.reports.readme.replace_block", spy)
     demo = run_demo(out, tasks=[hotpot, hotpot], update_readme_path=readme, progress=False)
     assert [s["status"] for s in demo["tasks"]] == ["data missing", "data missing"]
     assert len(blocks) == 2 and "Still to run: ie/hotpotqa-v0" in blocks[0]

@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.demo_control import control_label, diff_cell
-from benchmarks.demo_report import readme_block, summarize, table1
-from benchmarks.demo_tasks import DemoTask
-from benchmarks.methods import PlaySettings, build_methods
-from benchmarks.outputs import collect_results
-from benchmarks.store import EpisodeStore
-from benchmarks.units import TaskEntry
+from benchmarks.demo.control import control_label, diff_cell
+from benchmarks.demo.report import readme_block, summarize, table1
+from benchmarks.demo.tasks import DemoTask
+from benchmarks.evaluation.methods import PlaySettings, build_methods
+from benchmarks.evaluation.outputs import collect_results
+from benchmarks.evaluation.store import EpisodeStore
+from benchmarks.evaluation.units import TaskEntry
 from optima_env import Episode, Turn
 from tests.helpers import TinyTask
 
@@ -146,7 +146,7 @@ def test_every_row_gets_its_paired_difference_to_m0_and_a_table_without_m0_says_
 
 
 def test_the_curves_show_each_dpo_stage_s_held_out_pairs(tmp_path, columns) -> None:
-    from benchmarks.demo_report import render_report
+    from benchmarks.demo.report import render_report
 
     spec = DemoTask(name="synth", task=TASK, trainers=("isft", "idpo"))
     runs = [_Run("isft", ["iter_00"]), _Run("idpo", ["iter_01"])]
@@ -165,7 +165,7 @@ def test_the_curves_show_each_dpo_stage_s_held_out_pairs(tmp_path, columns) -> N
 def test_the_committed_tables_rerender_with_m0_and_no_model(tmp_path, columns, capsys, monkeypatch) -> None:
     import json
 
-    from benchmarks.demo_rerender import main
+    from benchmarks.demo.rerender import main
 
     out = tmp_path / "demo"
     for folder, labels in (
@@ -210,7 +210,7 @@ def test_the_committed_tables_rerender_with_m0_and_no_model(tmp_path, columns, c
 def test_the_doctests_pass() -> None:
     import doctest
 
-    from benchmarks import demo_control
+    from benchmarks.demo import control as demo_control
 
     result = doctest.testmod(demo_control)
     assert result.attempted and result.failed == 0

@@ -1,5 +1,5 @@
-"""The prepared device check (``benchmarks.gpu_check``): its dry run on the CPU, with the tiny shape,
-through the real trainer code (TRL's SFT and DPO trainers, the readability scorer)."""
+"""The prepared device check (``benchmarks.throughput.gpu_check``): its dry run on the CPU, with the tiny
+shape, through the real trainer code (TRL's SFT and DPO trainers, the readability scorer)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from benchmarks.gpu_check import PHASES, PLANS, SHAPES, Recorder, engine_check, main
+from benchmarks.throughput.gpu_check import PHASES, PLANS, SHAPES, Recorder, engine_check, main
 
 
 def llama_parameters(shape: dict[str, int], vocab: int) -> int:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 def test_the_loop_suite_times_both_engines_per_phase_and_resumes(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     pytest.importorskip("ctranslate2")
-    from benchmarks.loop_bench import run_loop_suite
+    from benchmarks.throughput.loop_bench import run_loop_suite
     from tests.optima_trainers.tiny_model import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny")

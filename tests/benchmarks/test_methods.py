@@ -7,10 +7,17 @@ from collections.abc import Mapping
 
 import pytest
 
-from benchmarks.methods import PlaySettings, SingleAgentTask, StyledTask, build_methods, scaling_curve, vote
-from benchmarks.prompts import answer_format
-from benchmarks.report import long_table, paper_tables
-from benchmarks.viewer import render_viewer
+from benchmarks.evaluation.methods import (
+    PlaySettings,
+    SingleAgentTask,
+    StyledTask,
+    build_methods,
+    scaling_curve,
+    vote,
+)
+from benchmarks.evaluation.prompts import answer_format
+from benchmarks.reports.report import long_table, paper_tables
+from benchmarks.reports.viewer import render_viewer
 from optima_env import AgentView, Episode, RewardBreakdown, TaskContractError, Turn, make_task
 from optima_env.scoring import extract_boxed
 from tests.helpers import TinyTask
@@ -198,7 +205,7 @@ def test_mad_debate_prompts_follow_the_roles() -> None:
 
 def test_a_corrupt_trained_checkpoint_is_refused_before_loading(tmp_path) -> None:
     """``--checkpoint`` folders written by the trainers are verified against their manifest."""
-    from benchmarks.policies import load_policy
+    from benchmarks.evaluation.policies import load_policy
     from optima_trainers.checkpoint import CorruptCheckpointError
     from tests.optima_trainers.test_cli_and_runs import _finished_checkpoint
 

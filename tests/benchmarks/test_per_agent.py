@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.policies import ReaderPolicy, load_policy, parse_agent_models
+from benchmarks.evaluation.policies import ReaderPolicy, load_policy, parse_agent_models
 from optima_env import make_task
 from optima_env.errors import TaskContractError
 from optima_env.policy import PerAgentPolicy, SamplingParams

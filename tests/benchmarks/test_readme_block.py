@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.readme import performance_block, replace_block
+from benchmarks.reports.readme import performance_block, replace_block
 from optima_env.errors import DataError
 
 

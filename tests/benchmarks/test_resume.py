@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-import benchmarks.units as bench_units
-from benchmarks.policies import ReaderPolicy
+import benchmarks.evaluation.units as bench_units
+from benchmarks.evaluation.policies import ReaderPolicy
 from benchmarks.run import RunConfigError
 from optima_env.io import read_episodes
 
@@ -83,7 +83,7 @@ def test_resuming_with_other_generation_settings_is_refused(bench) -> None:
 
 
 def test_written_results_are_kept_only_while_they_hold_the_same_rows_and_files(bench) -> None:
-    from benchmarks.outputs import written_results
+    from benchmarks.evaluation.outputs import written_results
 
     first, out = bench(*FLAGS)
     played = {k: first[k] for k in ("rows", "tasks", "methods", "curves")}

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from benchmarks import rollout_phases
-from benchmarks.rollout_bench import SuiteConfig, run_rollout_suite
+from benchmarks.throughput import rollout_phases
+from benchmarks.throughput.rollout_bench import SuiteConfig, run_rollout_suite
 from optima_env.io import write_json_atomic
 from tests.benchmarks.bench_helpers import assert_png
 from tests.helpers import REPO_ROOT
@@ -30,7 +30,7 @@ TINY = dict(
 
 def test_help_runs_on_its_own() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.rollout_bench", "--help"],
+        [sys.executable, "-m", "benchmarks.throughput.rollout_bench", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -134,7 +134,7 @@ def test_a_phase_saved_with_other_settings_is_not_reused(tmp_path, monkeypatch) 
     monkeypatch.setattr(subprocess, "run", fake_run)
     with pytest.raises(WouldRun):
         run_rollout_suite(out_dir=tmp_path, phases=("naive",), **TINY)
-    assert ran[0][1:6] == ["-m", "benchmarks.rollout_bench", "--phase", "naive", "--out"]
+    assert ran[0][1:6] == ["-m", "benchmarks.throughput.rollout_bench", "--phase", "naive", "--out"]
     assert ran[0][ran[0].index("--max-new-tokens") + 1] == "4"
 
 

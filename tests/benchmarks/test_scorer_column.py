@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks.outputs import _scorers
-from benchmarks.report import long_table
+from benchmarks.evaluation.outputs import _scorers
+from benchmarks.reports.report import long_table
 from optima_env import ConversationEnv
 from optima_env.policy import ScriptedPolicy
 from optima_env.rollout import run_episode

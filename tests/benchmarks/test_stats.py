@@ -1,4 +1,4 @@
-"""``benchmarks.stats``: bootstrap intervals on cases that can be checked by hand."""
+"""``benchmarks.reports.stats``: bootstrap intervals on cases that can be checked by hand."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import stats
-from benchmarks.stats import Interval, bootstrap_difference, bootstrap_mean, bootstrap_ratio
+from benchmarks.reports import stats
+from benchmarks.reports.stats import Interval, bootstrap_difference, bootstrap_mean, bootstrap_ratio
 from optima_env.errors import DataError, TaskContractError
 
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import pytest
 
-from benchmarks.run import RunConfigError, parse_args, run
+from benchmarks.run import parse_args, run
 from benchmarks.suites import PAPER_TASKS, SUITES, get_suite
 from optima_env import resolve_task_id
 from optima_env.io import read_episodes
@@ -16,7 +14,7 @@ from tests.benchmarks.bench_helpers import MISSING_REASON, assert_png
 
 
 def test_main_is_the_default_suite_and_plays_the_demo_setting_and_adapters() -> None:
-    from benchmarks.demo_tasks import MAIN_TASK
+    from benchmarks.demo.tasks import MAIN_TASK
 
     args = parse_args([])
     assert args.suite == "main" and args.model == "embedded"
@@ -134,21 +132,15 @@ def test_missing_data_is_reported_per_task(bench, test_pm) -> None:
 
 
 def test_rollout_suite_calls_the_rollout_benchmark(tmp_path, monkeypatch) -> None:
+    from benchmarks.throughput import rollout_bench
+
     calls = []
 
-    def run_rollout_suite(*, out_dir, model="embedded"):
-        calls.append((out_dir, model))
+    def run_rollout_suite(*, out_dir, model="embedded", seed=0):
+        calls.append((out_dir, model, seed))
         return {"speedup": 1.0}
 
-    fake = types.ModuleType("benchmarks.rollout_bench")
-    fake.run_rollout_suite = run_rollout_suite
-    monkeypatch.setitem(sys.modules, "benchmarks.rollout_bench", fake)
-    result = run(parse_args(["--suite", "rollout", "--model", "scripted", "--out", str(tmp_path)]))
-    assert result == {"speedup": 1.0} and calls == [(tmp_path, "scripted")]
-
-
-def test_rollout_suite_without_its_module_is_a_clear_error(tmp_path, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "benchmarks.rollout_bench", None)  # import fails as if absent
-    monkeypatch.delattr(sys.modules["benchmarks"], "rollout_bench", raising=False)  # once imported
-    with pytest.raises(RunConfigError, match=r"benchmarks/rollout_bench\.py"):
-        run(parse_args(["--suite", "rollout", "--out", str(tmp_path)]))
+    monkeypatch.setattr(rollout_bench, "run_rollout_suite", run_rollout_suite)
+    argv = ["--suite", "rollout", "--model", "scripted", "--out", str(tmp_path), "--seed", "3"]
+    result = run(parse_args(argv))
+    assert result == {"speedup": 1.0} and calls == [(tmp_path, "scripted", 3)]

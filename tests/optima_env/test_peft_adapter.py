@@ -89,7 +89,7 @@ def test_an_adapter_names_its_base_and_embedded_resolves_offline(folders, tmp_pa
 
 
 def test_a_corrupted_adapter_file_is_a_data_error_naming_it(folders, tmp_path) -> None:
-    import benchmarks.policies as bench
+    import benchmarks.evaluation.policies as bench
 
     manifest = peft_adapter.verify_manifest(folders[2])
     assert manifest is not None and set(manifest["files"]) == {
@@ -120,7 +120,7 @@ def test_a_corrupted_adapter_file_is_a_data_error_naming_it(folders, tmp_path) -
 
 
 def test_the_benchmarks_accept_a_verified_adapter_and_vllm_refuses_one(folders, trained_policy) -> None:
-    import benchmarks.policies as bench
+    import benchmarks.evaluation.policies as bench
 
     policy, tokenizer = bench.load_policy(str(folders[2]), backend="hf", batch_size=2)
     assert tokenizer is policy.tokenizer and tokenizer is not None

@@ -204,3 +204,46 @@ def test_resume_refuses_a_corrupt_checkpoint_before_loading_it(tmp_path: Path) -
     with pytest.raises(CorruptCheckpointError, match=r"model\.safetensors: 10 bytes.*delete the folder"):
         trainer.run()
     assert not (run.root / "iter_01").exists()  # nothing was generated from the corrupt model
+
+
+def test_open_or_create_reopens_a_run_of_the_same_settings_and_names_each_conflict(tmp_path: Path) -> None:
+    from optima_env.configtree import ConfigError
+
+    config = resolve_config("ie/synth-v0", "idpo", seed=3)
+    created = RunDir.open_or_create(config, tmp_path / "run")
+    assert (created.root / "config.json").is_file()
+    longer = config.replace(iterations=config.iterations + 2)  # a resumed run may run longer
+    assert RunDir.open_or_create(longer, tmp_path / "run").root == created.root
+    other = config.replace(seed=4, **{"dpo.beta": 0.3})
+    assert config.resume_conflicts(other) == {"dpo.beta": (0.1, 0.3), "seed": (3, 4)}
+    with pytest.raises(ConfigError, match=r"'dpo\.beta': \(0\.1, 0\.3\), 'seed': \(3, 4\)"):
+        RunDir.open_or_create(other, tmp_path / "run")
+
+
+def test_adopt_stage_takes_another_runs_finished_stage_whole_and_says_where_from(tmp_path: Path) -> None:
+    from optima_env.io import write_json_atomic
+    from optima_trainers.runs import read_stage_result
+
+    config = resolve_config("ie/synth-v0", "isft", seed=3)
+    source = RunDir.create(config, run_dir=tmp_path / "isft")
+    (source.stage("iter_00") / "checkpoint").mkdir()
+    (source.stage("iter_00") / "checkpoint" / "weights.bin").write_bytes(b"w" * 64)
+    (source.stage("iter_00") / "scored.jsonl").write_text('{"x": 1}\n')
+    target = RunDir.create(config.replace(trainer="idpo"), run_dir=tmp_path / "idpo")
+    with pytest.raises(TaskContractError, match="not a finished stage"):
+        target.adopt_stage("iter_00", source, "iter_00")
+    record = {"model": "iter_00/checkpoint", "cursor_end": 4, "metrics": {"iteration": 0.0}, "history": []}
+    write_json_atomic(source.stage("iter_00") / "result.json", record)
+    (target.stage("iter_00") / "episodes.jsonl").write_text("unfinished\n")  # its own unfinished try
+    target.adopt_stage("iter_00", source, "iter_00")
+    adopted = target.root / "iter_00"
+    assert not (adopted / "episodes.jsonl").exists() and (adopted / "scored.jsonl").read_text() == '{"x": 1}\n'
+    assert (adopted / "checkpoint" / "weights.bin").stat().st_ino == (
+        source.root / "iter_00" / "checkpoint" / "weights.bin"
+    ).stat().st_ino  # a hard link, not a copy
+    assert read_stage_result(adopted / "result.json")["model"] == "iter_00/checkpoint"
+    assert read_stage_result(source.root / "iter_00" / "result.json") == record  # the source is untouched
+    assert target.adopted_from("iter_00") == str(source.root / "iter_00") and source.adopted_from("iter_00") is None
+    with pytest.raises(TaskContractError, match="has finished already"):
+        target.adopt_stage("iter_00", source, "iter_00")
+    assert not list(target.root.glob(".*adopting"))

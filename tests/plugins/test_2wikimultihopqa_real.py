@@ -174,7 +174,7 @@ def test_check_task_and_pettingzoo_suites_on_real_rows(wiki_dir: Path, granulari
 
 # -- the benchmark suite that plays the baselines report ---------------------------------------------
 def test_the_baselines_suite_plays_the_demos_hotpotqa_baselines_settings() -> None:
-    from benchmarks.demo_tasks import DEMO_TASKS, eval_settings
+    from benchmarks.demo.tasks import DEMO_TASKS, eval_settings
     from benchmarks.suites import get_suite
 
     suite, hotpot = get_suite("baselines"), next(t for t in DEMO_TASKS if t.name == "hotpotqa")

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.gpu_check``: the prepared device check of a GPU run (issue 29).
+"""``python -m benchmarks.throughput.gpu_check``: the prepared device check of a GPU run (issue 29).
 
 On one GPU, with torch, transformers, PEFT, accelerate and TRL only (no vLLM), it builds a randomly
 initialised model of Llama-3-8B's shape (hidden 4096, 32 layers, 32 heads / 8 KV heads, intermediate
@@ -364,7 +364,9 @@ def prepare(folder: Path = CARRY) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description="GPU device check")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.throughput.gpu_check", description="GPU device check"
+    )
     parser.add_argument("--out", type=Path, help="folder of gpu_check.json")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     parser.add_argument("--dry-run", action="store_true", help="--shape tiny on the CPU (CI)")

@@ -13,7 +13,7 @@ from optima_env.io import read_text, write_text_atomic
 
 __all__ = ["performance_block", "replace_block"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SUITES = {
     "rollout": "Rollout throughput (`--suite rollout`)",
     "loop": "Training loop per phase (`--suite loop`)",

@@ -3,10 +3,10 @@ every table, and the paired difference of every row against it with its 95% boot
 
 iDPO and iSFT-DPO start from M_0, so a stage or an adapter has learned something only where it
 beats M_0 on the same instances; a ratio to MAD cannot tell that. :func:`add_control` works on
-:func:`benchmarks.outputs.collect_results` rows (which keep every instance's score and tokens, in
+:func:`benchmarks.evaluation.outputs.collect_results` rows (which keep every instance's score and tokens, in
 instance order): per row, the difference of its mean score (and tokens) minus M_0's over the same
 instances, with the paired percentile bootstrap interval of
-:func:`benchmarks.stats.bootstrap_difference` (one resample draws the same instances for both).
+:func:`benchmarks.reports.stats.bootstrap_difference` (one resample draws the same instances for both).
 A table without M_0's episodes gets no difference, and the reason, which the report prints in
 place of the missing row (never a silent omission).
 """
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from benchmarks.demo_tasks import stage_label
-from benchmarks.stats import bootstrap_difference
+from benchmarks.demo.tasks import stage_label
+from benchmarks.reports.stats import bootstrap_difference
 
 __all__ = ["CONTROL", "add_control", "control_label", "diff_cell", "missing_line"]
 

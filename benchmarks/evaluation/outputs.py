@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.methods import Method
-from benchmarks.plots import plot_scaling, plot_score_vs_tokens
-from benchmarks.report import long_table, render_report
-from benchmarks.store import EpisodeStore
-from benchmarks.viewer import render_viewer
+from benchmarks.evaluation.methods import Method
+from benchmarks.evaluation.store import EpisodeStore
+from benchmarks.reports.plots import plot_scaling, plot_score_vs_tokens
+from benchmarks.reports.report import long_table, render_report
+from benchmarks.reports.viewer import render_viewer
 from optima_env.io import read_json_object, write_json_atomic, write_text_atomic
 from optima_env.task import metric_name
 

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.methods import Method, PlaySettings
-from benchmarks.policies import load_policy
-from benchmarks.store import EpisodeStore
+from benchmarks.evaluation.methods import Method, PlaySettings
+from benchmarks.evaluation.policies import load_policy
+from benchmarks.evaluation.store import EpisodeStore
 from benchmarks.suites import Suite
 from optima_env import RewardConfig, make_task, resolve_task_id
 from optima_env.configtree import apply
@@ -171,7 +171,7 @@ def play_methods(
 
     A lazily loaded row that is missing or malformed marks its task ``data missing`` (the run goes
     on); a policy with a ``close`` method (a vLLM engine) is closed once its methods are done.
-    ``policy_options`` go to :func:`~benchmarks.policies.load_policy` (``base_urls``, ...).
+    ``policy_options`` go to :func:`~benchmarks.evaluation.policies.load_policy` (``base_urls``, ...).
     """
     for model in dict.fromkeys(m.model or default_model for m in methods):
         policy = tokenizer = None

@@ -1,6 +1,7 @@
-"""The phases of the rollout throughput suite (:mod:`benchmarks.rollout_bench`), one per subprocess.
+"""The phases of the rollout throughput suite (:mod:`benchmarks.throughput.rollout_bench`), one per
+subprocess.
 
-Each phase takes the suite's settings (a :class:`~benchmarks.rollout_bench.SuiteConfig`) and
+Each phase takes the suite's settings (a :class:`~benchmarks.throughput.rollout_bench.SuiteConfig`) and
 returns one JSON-ready row. ``<backend>_b<N>`` phases play the same jobs with ``N`` episodes in
 flight (and a policy batch of ``N``); the others use the suite's ``concurrency``.
 """

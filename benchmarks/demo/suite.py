@@ -1,6 +1,6 @@
 """The demo suite: Optima's Table 1 on 2 CPU cores (``python -m benchmarks.run --suite demo``).
 
-For each demo task (:data:`benchmarks.demo_tasks.DEMO_TASKS`: the embedded synthetic task at a
+For each demo task (:data:`benchmarks.demo.tasks.DEMO_TASKS`: the embedded synthetic task at a
 setting where no agent can answer alone, then HotpotQA when its data is present):
 
 0. **baselines**: the untrained CoT, SC, MAD and AutoForm on the held-out instances, before any
@@ -29,7 +29,7 @@ setting where no agent can answer alone, then HotpotQA when its data is present)
 
 What a fresh clone resumes: the episode stores, their ``timing.json``, ``invocations.json``, the
 adapters and each task's training record (``<task>/training.json``:
-:mod:`benchmarks.demo_train`) are committed with the results (see ``.gitignore``); the training
+:mod:`benchmarks.demo.train`) are committed with the results (see ``.gitignore``); the training
 folders are not (each stage is a full fp32 model, about 540 MB). A clone without them takes the
 runs from the record, so long as it agrees with the recipe and the committed adapters and every
 stage's episodes are in the store, and trains nothing; otherwise it trains again. To reproduce the
@@ -47,12 +47,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.clock import InvocationClock
-from benchmarks.demo_control import control_label
-from benchmarks.demo_plots import write_plots
-from benchmarks.demo_report import readme_block, summarize, write_pages
-from benchmarks.demo_tasks import DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
-from benchmarks.demo_train import (
+from benchmarks.demo.clock import InvocationClock
+from benchmarks.demo.control import control_label
+from benchmarks.demo.plots import write_plots
+from benchmarks.demo.report import readme_block, summarize, write_pages
+from benchmarks.demo.tasks import DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
+from benchmarks.demo.train import (
     TrainedRun,
     adapter_dir,
     export_run,
@@ -60,11 +60,11 @@ from benchmarks.demo_train import (
     recorded_runs,
     train_run,
 )
-from benchmarks.methods import Method, PlaySettings, build_methods
-from benchmarks.outputs import collect_results, write_outputs, write_viewer, written_results
-from benchmarks.store import EpisodeStore
+from benchmarks.evaluation.methods import Method, PlaySettings, build_methods
+from benchmarks.evaluation.outputs import collect_results, write_outputs, write_viewer, written_results
+from benchmarks.evaluation.store import EpisodeStore
+from benchmarks.evaluation.units import TaskEntry, open_task, pending_jobs, play_methods
 from benchmarks.suites import get_suite
-from benchmarks.units import TaskEntry, open_task, pending_jobs, play_methods
 from optima_env import make_task
 from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS, verify_manifest
 from optima_env.errors import DataError, MissingDependencyError, TaskContractError
@@ -72,7 +72,7 @@ from optima_env.io import read_json_object, write_json_atomic
 
 __all__ = ["TrainedRun", "adapter_dir", "adapter_label", "row_labels", "run_demo"]
 
-logger = logging.getLogger("benchmarks.demo")
+logger = logging.getLogger("benchmarks.demo.suite")
 
 
 def row_labels(runs: Sequence[TrainedRun]) -> dict[tuple[str, str], str]:
@@ -165,7 +165,7 @@ def _recorded(
 def _control_method(
     spec: DemoTask, root: Path, runs: Sequence[TrainedRun], settings: PlaySettings
 ) -> Method | None:
-    """M_0's row for the table (:mod:`benchmarks.demo_control`): its stage row, the same unit key,
+    """M_0's row for the table (:mod:`benchmarks.demo.control`): its stage row, the same unit key,
     so its episodes on the stages' instances are reused; None when it cannot be played (its
     checkpoint is gone, as in a run taken from the training record, and the store lacks some of its
     table episodes): the report then says M_0 is missing from the table."""
@@ -362,7 +362,7 @@ def _run(
             pending=[s.task for s in pending], invocation_command=command,
         )  # fmt: skip
         if update_readme_path is not None:
-            from benchmarks.readme import replace_block
+            from benchmarks.reports.readme import replace_block
 
             replace_block(update_readme_path, "demo", readme_block(demo))
         return demo

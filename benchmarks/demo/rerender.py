@@ -1,10 +1,10 @@
 """Re-render the demo's tables from its committed results, without running any model:
-``python -m benchmarks.demo_rerender [OUT] [--update-readme]`` (default ``benchmarks/results/demo``;
+``python -m benchmarks.demo.rerender [OUT] [--update-readme]`` (default ``benchmarks/results/demo``;
 ``--update-readme``: also the README's demo block, from the current folder's ``README.md``).
 
 For each evaluated task of ``OUT/demo.json`` it reads the per-instance rows of the table
 (``<task>/eval/results.json``) and of the stages (``<task>/stages/results.json``), recomputes
-their intervals, ratios to MAD and paired differences to M_0 (:mod:`benchmarks.demo_control`),
+their intervals, ratios to MAD and paired differences to M_0 (:mod:`benchmarks.demo.control`),
 and rewrites ``demo.json`` and ``report.md``; everything else (curves, compute, adapters, plots)
 is kept as the demo wrote it. Use it after a change to how the tables are computed, when the
 episodes are unchanged; ``python -m benchmarks.run --suite demo`` remains the command that
@@ -19,20 +19,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.demo_control import control_label
-from benchmarks.demo_report import readme_block, render_report, table_rows
-from benchmarks.demo_tasks import DEMO_TASKS, trainer_label
-from benchmarks.readme import replace_block
+from benchmarks.demo.control import control_label
+from benchmarks.demo.report import readme_block, render_report, table_rows
+from benchmarks.demo.tasks import DEMO_TASKS, trainer_label
+from benchmarks.reports.readme import replace_block
 from optima_env.errors import DataError
 from optima_env.io import read_json_object, write_json_atomic, write_text_atomic
 
 __all__ = ["rerender"]
 
-COMMAND = "python -m benchmarks.demo_rerender"
+COMMAND = "python -m benchmarks.demo.rerender"
 
 
 class _Run:
-    """The first run of a task as :func:`~benchmarks.demo_control.control_label` reads it."""
+    """The first run of a task as :func:`~benchmarks.demo.control.control_label` reads it."""
 
     def __init__(self, trainer: str, stages: Sequence[str]) -> None:
         self.trainer, self.stages = trainer, tuple((s, "") for s in stages)

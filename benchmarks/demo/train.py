@@ -1,5 +1,5 @@
 """The demo suite's training side: train (or resume) one Optima run of a demo task, export its
-final model as the committed adapter (steps 1 and 2 of :mod:`benchmarks.demo`), and keep the
+final model as the committed adapter (steps 1 and 2 of :mod:`benchmarks.demo.suite`), and keep the
 task's training record.
 
 The record (``<out>/<task>/training.json``, committed with the results) holds what the evaluation
@@ -8,28 +8,23 @@ of each stage's row and its adapter's digest. The training folders are not commi
 stage is a full fp32 model), so a fresh clone has the record and the adapters but no
 checkpoints: :func:`recorded_runs` gives the runs back from the record when it still agrees with
 the recipe and the committed adapters, and the demo then trains nothing again as long as every
-stage's episodes are in the committed store (:mod:`benchmarks.demo` checks that).
+stage's episodes are in the committed store (:mod:`benchmarks.demo.suite` checks that).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.demo_tasks import DemoTask
+from benchmarks.demo.tasks import DemoTask
 from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS, verify_manifest
-from optima_env.errors import TaskContractError
 from optima_env.io import read_json_object, write_json_atomic
 
 __all__ = ["TrainedRun", "adapter_dir", "export_run", "record_training", "recorded_runs", "train_run"]
-
-_SHARED = "shared_init.json"
-"""Marker in a run folder whose initialization stage was copied from the iSFT run."""
 
 _RECORD = "training.json"
 """A task's training record, in ``<out>/<task>/`` (see the module docstring)."""
@@ -85,49 +80,10 @@ def _config(spec: DemoTask, trainer: str) -> Any:
     )
 
 
-def _open_run(spec: DemoTask, trainer: str, folder: Path) -> tuple[Any, Any]:
-    from optima_trainers.runs import RunDir
-
-    config = _config(spec, trainer)
-    if not (folder / "config.json").is_file():
-        return RunDir.create(config, run_dir=folder), config
-    run_dir, stored = RunDir.open(folder)
-    now = config.to_dict()
-    differ = {
-        k: (v, now.get(k)) for k, v in stored.to_dict().items() if k != "iterations" and now.get(k) != v
-    }
-    if differ:
-        raise TaskContractError(
-            f"{folder} holds a {trainer} run with other settings than the demo's {spec.name!r} task "
-            f"(stored, now): {differ}; only the number of iterations may change on resume: "
-            "use another --out or delete the folder"
-        )
-    return run_dir, config
-
-
 def _same_init(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two runs' configs give the same initialization stage (all but the trainer's own parts)."""
     own = ("trainer", "iterations", "options", "tree", "dpo")
     return {k: v for k, v in a.items() if k not in own} == {k: v for k, v in b.items() if k not in own}
-
-
-def _share_init(source: Path, source_stage: str, run_dir: Any, stage: str) -> None:
-    """Copy the finished initialization ``source/source_stage`` into ``run_dir`` as ``stage``
-    (hard links; written under a temporary name and renamed, so a crash leaves no half stage)."""
-    from optima_trainers.runs import read_stage_result
-
-    target = run_dir.root / stage
-    tmp = run_dir.root / f".{stage}.sharing"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source / source_stage, tmp, copy_function=os.link)
-    record = read_stage_result(tmp / "result.json")
-    if record["model"].startswith(f"{source_stage}/"):
-        record["model"] = stage + record["model"][len(source_stage) :]
-    write_json_atomic(tmp / "result.json", record)
-    # the marker first: a crash before the rename leaves no finished stage, so it is copied again
-    write_json_atomic(run_dir.root / _SHARED, {"stage": stage, "from": str(source / source_stage)})
-    shutil.rmtree(target, ignore_errors=True)  # an unfinished stage of its own, never a finished one
-    tmp.rename(target)
 
 
 def train_run(
@@ -136,22 +92,22 @@ def train_run(
     """Train (or resume) one run in ``root/train/<trainer>``; its initialization is copied from
     ``first`` when they agree."""
     from optima_trainers.loop import IterativeTrainer, plan_stages
-    from optima_trainers.runs import read_stage_result
+    from optima_trainers.runs import RunDir, read_stage_result
 
     folder = root / "train" / trainer
-    run_dir, config = _open_run(spec, trainer, folder)
+    config = _config(spec, trainer)
+    run_dir = RunDir.open_or_create(config, folder)
     stages = plan_stages(config)
     init = stages[0]
-    marker = folder / _SHARED
     if (
         first is not None
         and init.init
         and not (folder / init.name / "result.json").is_file()
         and _same_init(first.config, config.to_dict())
     ):
-        source = root / "train" / first.trainer
-        _share_init(source, first.stages[0][0], run_dir, init.name)
-    shared = read_json_object(marker)["stage"] if marker.is_file() else None
+        source, _ = RunDir.open(root / "train" / first.trainer)
+        run_dir.adopt_stage(init.name, source, first.stages[0][0])
+    shared = next((s.name for s in stages if run_dir.adopted_from(s.name)), None)
     metrics = IterativeTrainer(config, run_dir=run_dir, progress=progress).run()
     done = []
     for stage in stages:

@@ -1,5 +1,5 @@
 """The demo's numbers and pages: per-task summaries with bootstrap intervals, plots, ``report.md``
-and the README block (:mod:`benchmarks.demo` computes, this module only reads and writes)."""
+and the README block (:mod:`benchmarks.demo.suite` computes, this module only reads and writes)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.clock import total_seconds
-from benchmarks.demo_control import CONTROL, add_control, diff_cell, missing_line
-from benchmarks.demo_tasks import DemoTask, eval_settings, trainer_label
-from benchmarks.intervals import add_intervals, cell
+from benchmarks.demo.clock import total_seconds
+from benchmarks.demo.control import CONTROL, add_control, diff_cell, missing_line
+from benchmarks.demo.tasks import DemoTask, eval_settings, trainer_label
+from benchmarks.reports.intervals import add_intervals, cell
 from optima_env.io import write_json_atomic, write_text_atomic
 
 __all__ = ["readme_block", "render_report", "summarize", "table1", "table_rows", "write_pages"]
@@ -75,11 +75,11 @@ def summarize(
 
     ``main`` holds the table's rows (baselines and adapters), ``stages`` every training stage's on
     the first held-out instances with MAD and CoT on the same ones (the curves). ``labels`` maps
-    every (trainer, stage) of ``runs`` to its row in ``stages`` (:func:`benchmarks.demo.row_labels`),
+    every (trainer, stage) of ``runs`` to its row in ``stages`` (:func:`benchmarks.demo.suite.row_labels`),
     ``finals`` the row of each run's committed adapter to the run's name (``iSFT``): those rows
     are the trained systems of the table. ``baselines`` is the untrained baselines' pass before
     training (its episodes are the table's; only its generation time is added here). ``control``
-    is M_0's row label (:func:`benchmarks.demo_control.control_label`): every row of both tables
+    is M_0's row label (:func:`benchmarks.demo.control.control_label`): every row of both tables
     gets its paired difference to M_0's, and ``control_missing`` says why a table has no M_0 row.
     """
     summary: dict[str, Any] = {

@@ -7,7 +7,7 @@ so tokens per second compare like for like; episodes can still differ in length,
 stop when they agree. Each phase runs in its own subprocess, so its peak memory (RSS of the
 phase's process tree, sampled) is its own; model loading and engine start-up are timed apart.
 
-Phases (:mod:`benchmarks.rollout_phases`; ``_b<N>``: ``N`` episodes in flight and a policy batch
+Phases (:mod:`benchmarks.throughput.rollout_phases`; ``_b<N>``: ``N`` episodes in flight and a policy batch
 of ``N``, which fills only when ``episodes >= N``; without it, ``concurrency``):
 
 * ``naive``: one episode at a time, one ``generate`` call per turn (:func:`~optima_env.rollout.run_episode`
@@ -36,7 +36,7 @@ with the same settings), ``results.json``, ``results.md`` and ``throughput.png``
 
 Usage::
 
-    python -m benchmarks.rollout_bench --out results/rollout
+    python -m benchmarks.throughput.rollout_bench --out results/rollout
     python -m benchmarks.run --suite rollout
 """
 
@@ -53,8 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.rollout_phases import PHASES, run_phase
-from benchmarks.rollout_report import plot, summarize
+from benchmarks.throughput.rollout_phases import PHASES, run_phase
+from benchmarks.throughput.rollout_report import plot, summarize
 from optima_env.cli_support import (
     Parser,
     add_common_flags,
@@ -184,9 +184,10 @@ def run_rollout_suite(
         if saved is None or saved.get("config") != dataclasses.asdict(cfg):
             print(f"[rollout bench] phase {name} ...", file=sys.stderr, flush=True)
             env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-            cmd = [sys.executable, "-m", "benchmarks.rollout_bench", "--phase", name, "--out", str(out)]
+            module = "benchmarks.throughput.rollout_bench"
+            cmd = [sys.executable, "-m", module, "--phase", name, "--out", str(out)]
             cmd += _flags(cfg)
-            subprocess.run(cmd, check=True, env=env, cwd=Path(__file__).resolve().parents[1])
+            subprocess.run(cmd, check=True, env=env, cwd=Path(__file__).resolve().parents[2])
             saved = json.loads(path.read_text())
         results[name] = saved["result"]
     summary = summarize(dataclasses.asdict(cfg), results)
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """``--out``, ``--phases``, one flag per :class:`SuiteConfig` field and the common flags."""
-    parser = Parser("python -m benchmarks.rollout_bench", __doc__)
+    parser = Parser("python -m benchmarks.throughput.rollout_bench", __doc__)
     parser.add_argument("--out", default="results/rollout_bench", help="output folder")
     parser.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES, help="phases to run")
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # child-process entry

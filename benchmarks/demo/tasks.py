@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.methods import PlaySettings
+from benchmarks.evaluation.methods import PlaySettings
 from optima_env.errors import TaskContractError
 
 __all__ = ["DEMO_TASKS", "MAIN_TASK", "TRAINERS", "DemoTask", "eval_settings", "stage_label", "trainer_label"]
@@ -71,7 +71,7 @@ class DemoTask:
     max_new_tokens: int = 256
     """Evaluation cap of one turn in tokens, the same for every system."""
     baselines: tuple[str, ...] = ("cot", "sc", "mad", "autoform")
-    """Untrained baselines (``benchmarks.methods``); ``mad`` is the base of every ratio."""
+    """Untrained baselines (``benchmarks.evaluation.methods``); ``mad`` is the base of every ratio."""
     sc_n: int = 8
     """Samples of SC."""
     scaling_instances: int = 20

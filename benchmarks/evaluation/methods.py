@@ -25,7 +25,7 @@ method             what it plays
 
 Single-agent episodes are played by :class:`SingleAgentTask`, a one-agent view of the task in the
 same env with ``max_turns=1`` (so their ``end_reason`` is ``max_turns``). MAD and AutoForm use the
-prompts of :mod:`benchmarks.prompts`; a task may supply its own variants by defining
+prompts of :mod:`benchmarks.evaluation.prompts`; a task may supply its own variants by defining
 ``styled_views(sample, *, rng, style)`` (``style`` is ``"natural"`` or ``"autoform"``) returning the
 views, or ``None`` to use ours. Abstaining samples (no answer) do not vote.
 """
@@ -40,7 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.prompts import AUTOFORM_STYLE, NATURAL_STYLE, answer_format, cot_prompt, styled_prompt
+from benchmarks.evaluation.prompts import (
+    AUTOFORM_STYLE,
+    NATURAL_STYLE,
+    answer_format,
+    cot_prompt,
+    styled_prompt,
+)
 from optima_env.backends.peft_adapter import content_hash
 from optima_env.errors import TaskContractError
 from optima_env.families.scoring import score_with_tokenizer, scorer_name

@@ -1,6 +1,6 @@
 """95% bootstrap intervals on the rows of a run, and their ratios to a base row (MAD).
 
-:func:`add_intervals` works on :func:`benchmarks.outputs.collect_results` rows, which keep every
+:func:`add_intervals` works on :func:`benchmarks.evaluation.outputs.collect_results` rows, which keep every
 instance's score and tokens (``instance_scores``, ``instance_tokens``); the ratios are paired: one
 resample draws the same instances for the row and its base. :func:`ratio_table` is the table the
 main command prints; the demo report uses the same cells (:func:`cell`).
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from benchmarks.stats import bootstrap_mean, bootstrap_ratio
+from benchmarks.reports.stats import bootstrap_mean, bootstrap_ratio
 
 __all__ = ["add_intervals", "cell", "ratio_table"]
 

@@ -15,7 +15,7 @@ The paper releases none of its baseline prompts, so these are written here, in o
 
 The answer format (``<A>answer</A>`` or ``\\boxed{answer}``) is found by probing the task's own
 answer extractor (:func:`answer_format`), so the prompts work for any task id; a task whose
-extractor accepts neither is played with its own prompts (see :mod:`benchmarks.methods`).
+extractor accepts neither is played with its own prompts (see :mod:`benchmarks.evaluation.methods`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tables and plots of the rollout throughput suite (:mod:`benchmarks.rollout_bench`)."""
+"""Tables and plots of the rollout throughput suite (:mod:`benchmarks.throughput.rollout_bench`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The demo's plots: the held-out score and tokens per stage of every run, and the inference-scaling
-curves (:mod:`benchmarks.demo` calls :func:`write_plots` with :mod:`benchmarks.demo_report`'s
+curves (:mod:`benchmarks.demo.suite` calls :func:`write_plots` with :mod:`benchmarks.demo.report`'s
 summary of a task)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def write_plots(summary: Mapping[str, Any], out: Path) -> list[str]:
     """``demo_<task>.png`` (held-out score and tokens per stage of every run) and, with scaling
     curves, ``demo_<task>_scaling.png`` (majority-vote score and coverage vs samples and vs tokens, as
     the paper's figure); returns the file names."""
-    from benchmarks.plots import _pyplot
+    from benchmarks.reports.plots import _pyplot
 
     names: list[str] = []
     rows = {r["key"]: r for r in summary.get("stage_rows", [])}  # the instances of the curves

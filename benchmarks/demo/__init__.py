@@ -1,0 +1,10 @@
+"""The demo: Optima's Table 1 on 2 CPU cores (``python -m benchmarks.run --suite demo``).
+
+* :mod:`~benchmarks.demo.suite`: the suite's steps (train, export, evaluate, report);
+* :mod:`~benchmarks.demo.tasks`: the recipe (tasks, trainers, training and evaluation settings);
+* :mod:`~benchmarks.demo.train`: training runs through the trainers' public API and their record;
+* :mod:`~benchmarks.demo.control`: M_0 (the shared initialization) and paired differences to it;
+* :mod:`~benchmarks.demo.report`, :mod:`~benchmarks.demo.plots`: summaries, pages and plots;
+* :mod:`~benchmarks.demo.rerender`: re-render the committed tables without running a model;
+* :mod:`~benchmarks.demo.clock`: the wall time of every invocation, kept across crashes.
+"""

@@ -1,0 +1,10 @@
+"""Evaluation: methods scored on a task's held-out instances, resumably, into result rows.
+
+* :mod:`~benchmarks.evaluation.methods`: the methods of the table (baselines, trained
+  checkpoints, inference scaling) and how one episode of each is played;
+* :mod:`~benchmarks.evaluation.prompts`: the baselines' prompts (CoT, MAD, AutoForm; spec §8.2);
+* :mod:`~benchmarks.evaluation.policies`: a model through a backend, or the scripted policy;
+* :mod:`~benchmarks.evaluation.units`: a run's (method, task) units of work;
+* :mod:`~benchmarks.evaluation.store`: the append-only episode file a run resumes from;
+* :mod:`~benchmarks.evaluation.outputs`: from stored episodes to result rows and files.
+"""

@@ -1,0 +1,9 @@
+"""Throughput: speed suites, each reporting ratios measured side by side in one run.
+
+* :mod:`~benchmarks.throughput.rollout_bench`: rollout engines and drivers side by side
+  (``--suite rollout``), its phases (:mod:`~benchmarks.throughput.rollout_phases`, one
+  subprocess each) and tables (:mod:`~benchmarks.throughput.rollout_report`);
+* :mod:`~benchmarks.throughput.loop_bench`: one training iteration per phase, per engine
+  (``--suite loop``);
+* :mod:`~benchmarks.throughput.gpu_check`: the prepared device check of a GPU run.
+"""
