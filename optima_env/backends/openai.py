@@ -228,6 +228,17 @@ class OpenAIChatPolicy:
                 except (httpx.TransportError, BackendError) as exc:  # only frees server memory
                     logger.warning("could not unload LoRA adapter %r from %s: %s", previous[0], base, exc)
 
+    def served_base_model(self) -> str:
+        """The base model name the first answering replica serves (``GET /v1/models``)."""
+        httpx = require("httpx", "openai")
+        errors = []
+        for base in self.live_replicas() or self.base_urls:
+            try:
+                return server_admin.served_base_model(self._client, base, self._auth())
+            except _dropped_connection(httpx) as exc:
+                errors.append(f"{base}: {type(exc).__name__}: {exc}")
+        raise BackendError(f"no replica answered GET /v1/models ({'; '.join(errors)}); check that the servers are up")
+
     def close(self) -> None:
         """Close the connection pool and the worker threads."""
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -309,14 +320,16 @@ class OpenAIChatPolicy:
         last = "no attempt made"
         attempt = failovers = 0
         reloaded = False
+        failed: list[str] = []  # replicas that dropped this request (not tried again before a backoff)
         while True:
-            base = self._replicas.pick(session, start + attempt + failovers)
+            base = self._replicas.pick(session, start + attempt + failovers, exclude=failed)
             url = base + "/chat/completions"
             retry_after = 0.0
             try:
                 response = self._client.post(url, json=payload, headers=self._auth())
             except _dropped_connection(httpx) as exc:  # refused, reset or cut: the replica is gone
                 last = f"{url}: {type(exc).__name__}: {exc}"
+                failed.append(base)
                 if self._replicas.mark_down(base, f"{type(exc).__name__}: {exc}") and failovers < len(
                     self.base_urls
                 ):
@@ -355,6 +368,7 @@ class OpenAIChatPolicy:
             )
             time.sleep(delay)
             attempt += 1
+            failed.clear()
         raise BackendError(
             f"chat completion failed after {self.max_retries + 1} attempts over {self.base_urls}; "
             f"last error: {last}. Check that the server is up and reachable, or raise "

