@@ -9,7 +9,8 @@ an external ``kill -9``) at the n-th time it reaches ``point``:
 * ``mcts_chunk``: after a chunk of trees is appended;
 * ``phase``: after a phase of a stage is recorded.
 
-Without the variable every call is a no-op.
+``<point>:<n>@<rank>`` kills only the process of that rank (``RANK``: one process of a
+multi-process run). Without the variable every call is a no-op.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def fault_point(name: str) -> None:
     if not spec:
         return
     point, _, count = spec.partition(":")
-    if point != name:
+    count, _, rank = count.partition("@")
+    if point != name or (rank and rank != os.environ.get("RANK", "0")):
         return
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] >= int(count or 1):

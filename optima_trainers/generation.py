@@ -26,6 +26,7 @@ from optima_env.rollout import RolloutJob, rollout
 from optima_env.task import Task
 from optima_env.types import Episode
 from optima_trainers.faults import fault_point
+from optima_trainers.shards import Shard
 from optima_trainers.stages import Stage
 
 __all__ = [
@@ -67,10 +68,14 @@ class GenerationContext:
     """Records a finished phase (name, start time, extra values) in the run state."""
     progress: bool = False
     """Show progress bars."""
+    shard: Shard = dataclasses.field(default_factory=Shard)
+    """This process's part of the stage's jobs (:mod:`~optima_trainers.shards`; all of them in
+    one process)."""
 
     def on_scored(self, episode: Episode) -> None:
         """Fire ``optima_episode_scored`` for one episode of this stage."""
         self.events.optima_episode_scored(episode=episode, stage=self.stage)
+
 
 logger = logging.getLogger(__name__)
 
@@ -97,12 +102,16 @@ def resumable_rollout(
     concurrency: int,
     progress: bool = True,
     reset_options: Callable[[RolloutJob], Mapping[str, Any]] | None = None,
+    reused: Mapping[tuple[int, int], Episode] | None = None,
 ) -> list[Episode]:
     """Play ``jobs``, appending each episode to ``path``; resume from what ``path`` already holds.
+    Jobs in ``reused`` (by ``(instance, sample)``: finished in another file, e.g. the stage's
+    gathered file beside a rank's shard file) are neither played nor written here.
 
     Returns:
         One episode per job, in job order.
     """
+    reused = dict(reused or {})
     path = Path(path)
     wanted = {(j.index, j.sample): j for j in jobs}
     done: dict[tuple[int, int], Episode] = {}
@@ -119,7 +128,7 @@ def resumable_rollout(
         write_episodes(path, list(done.values()))  # drops a torn last line before appending again
         if done:
             logger.info("%s: reusing %d finished episodes of %d", path, len(done), len(jobs))
-    remaining = [j for j in jobs if (j.index, j.sample) not in done]
+    remaining = [j for j in jobs if (j.index, j.sample) not in done and (j.index, j.sample) not in reused]
 
     def on_episode(pos: int, episode: Episode) -> None:
         job = remaining[pos]
@@ -141,7 +150,8 @@ def resumable_rollout(
             reset_options=reset_options,
         )
     path.touch()
-    return [done[(j.index, j.sample)] for j in jobs]
+    keys = [(j.index, j.sample) for j in jobs]
+    return [done[k] if k in done else reused[k] for k in keys]
 
 
 def episode_summary(episodes: Sequence[Episode]) -> dict[str, float]:

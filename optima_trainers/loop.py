@@ -23,15 +23,15 @@ plugin manager here; the backend is registered on it for the run, so it may obse
 
 Every phase's output is on disk before the next starts (:mod:`optima_trainers.runs`), so a killed
 run resumes where it stopped with the same data as an uninterrupted one. Under ``accelerate
-launch`` with several processes, the main process generates, scores and selects; the others wait
-for each stage's data on disk, then every process receives it through the same hook and trains.
+launch`` with several processes, every process generates its shard of each stage's jobs with its
+own engine (:mod:`optima_trainers.shards`, :mod:`optima_trainers.stage_generation`); the main
+process gathers the shards, scores and selects; the others wait for the stage's data on disk, then
+every process receives it through the same hook and trains.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import logging
 import os
 import time
@@ -45,20 +45,18 @@ from optima_env.configtree import ConfigError
 from optima_env.errors import PluginError
 from optima_env.io import write_json_atomic
 from optima_env.models import resolve_model_path
-from optima_env.policy import PerAgentPolicy
 from optima_env.registry import get_plugin_manager, make_task, trainer_specs
 from optima_trainers.backends import StageContext, TrainerBackend
 from optima_trainers.checkpoint import discard_partial, is_complete, require_complete, train_metrics
 from optima_trainers.config import TrainConfig, check_options
 from optima_trainers.engines import PolicyLoader
-from optima_trainers.faults import fault_point
-from optima_trainers.generation import GenerationContext, load_readability_scorer
 from optima_trainers.hookspecs import add_trainer_hookspecs
-from optima_trainers.memory import release
 from optima_trainers.runs import RunDir, read_instances, read_stage_result, wait_for
-from optima_trainers.sample_stage import generate_sample_stage, read_sample_stage
-from optima_trainers.stages import Stage, StageData, StageOutcome, stage_seed
-from optima_trainers.tree_stage import generate_tree_stage, read_tree_stage
+from optima_trainers.sample_stage import read_sample_stage
+from optima_trainers.shards import Shard
+from optima_trainers.stage_generation import StageGeneration
+from optima_trainers.stages import Stage, StageData, StageOutcome
+from optima_trainers.tree_stage import read_tree_stage
 
 __all__ = ["IterativeTrainer", "plan_stages"]
 
@@ -99,7 +97,7 @@ def plan_stages(config: TrainConfig, pm: pluggy.PluginManager | None = None) -> 
     return backend.stages(config)
 
 
-class IterativeTrainer:
+class IterativeTrainer(StageGeneration):
     """Runs (or resumes) the stages of one training run with its trainer backend.
 
     Args:
@@ -145,7 +143,7 @@ class IterativeTrainer:
         self._scorer: Any = None
         self._verified: set[str] = set()
         self.loader = PolicyLoader(
-            config, max_model_len=self.max_model_len, before_engine_start=self._drop_scorer
+            config, max_model_len=self.max_model_len, before_engine_start=self._drop_scorer, pm=self.pm
         )
         """Loads the generation policies (with vLLM, one engine for the whole run)."""
 
@@ -217,7 +215,7 @@ class IterativeTrainer:
     def _stage(self, stage: Stage, model: str, cursor: int) -> dict[str, Any]:
         self._verify_model(model)
         folder = self.run_dir.stage(stage.name)
-        cursor_end = self._generate(stage, model, cursor, folder)
+        cursor_end = self._generate(stage, model, cursor, folder, Shard.current())
         data = self._deliver(stage, folder)
         start = self.base_model if stage.start == "base" else model
         started = time.perf_counter()
@@ -236,8 +234,9 @@ class IterativeTrainer:
                 "history": history}  # fmt: skip
 
     def _follow(self) -> list[dict[str, Any]]:
-        """A non-main process: receive each stage's data from disk and train with the others."""
-        model = self.base_model
+        """A non-main process: generate its shard of each stage's jobs, receive the stage's data
+        from disk once the main process gathered it, and train with the others."""
+        model, cursor, shard = self.base_model, 0, Shard.current()
         for stage in self._stages():
             folder = self.run_dir.root / stage.name
             done = folder / "result.json"
@@ -246,12 +245,15 @@ class IterativeTrainer:
                 wanted = folder / {"samples": "selected.jsonl", "tree": "pairs.jsonl"}.get(
                     stage.generate, "instances.json"
                 )
+                if not wanted.is_file():
+                    self._generate(stage, model, cursor, self.run_dir.stage(stage.name), shard)
                 wait_for(wanted, done)
                 if not done.is_file():
                     data = self._deliver(stage, folder)
                     self._train(stage, self.base_model if stage.start == "base" else model, folder, data)
                 wait_for(done)
-            model = self.run_dir.model_path(read_stage_result(done)["model"])
+            record = read_stage_result(done)
+            model, cursor = self.run_dir.model_path(record["model"]), record["cursor_end"]
         return self.run_dir.metrics()
 
     def _train(self, stage: Stage, start_model: str, folder: Path, data: StageData) -> StageOutcome:
@@ -296,111 +298,7 @@ class IterativeTrainer:
             require_complete(path)
         self._verified.add(str(path))
 
-    # -- generation -----------------------------------------------------------------------------
-    def _indices(self, start: int, count: int) -> list[int]:
-        """Cursor positions ``start, ..., start + count - 1``: each its own draw (job key, sample id);
-        the stages play row ``position % num_train`` (spec §5 item 2: the cursor wraps)."""
-        return list(range(start, start + count))
-
-    @functools.cached_property
-    def max_model_len(self) -> int | None:
-        """``generation.max_model_len``, else the starting model's ``max_position_embeddings``
-        (``None`` when neither says); read once per run."""
-        if self.config.generation.max_model_len is not None:
-            return self.config.generation.max_model_len
-        path = Path(self.base_model) / "config.json"
-        if not path.is_file():
-            return None
-        value = json.loads(path.read_text(encoding="utf-8")).get("max_position_embeddings")
-        return value if isinstance(value, int) and value > 0 else None
-
-    def _prompt_budget(self, tokenizer: Any) -> int | None:
-        """The longest prompt a turn may start from: the context less the turn cap (no budget
-        without a chat tokenizer to count with, or without a known context length)."""
-        if self.max_model_len is None or not callable(getattr(tokenizer, "apply_chat_template", None)):
-            return None
-        return max(1, self.max_model_len - self.config.generation.max_new_tokens)
-
-    def _env_kwargs(self, policy: Any, *, diverse: bool = False) -> dict[str, Any]:
-        tokenizer = getattr(policy, "tokenizer", None)
-        return dict(
-            split=self.config.split,
-            max_turns=self.config.generation.max_turns,
-            max_prompt_tokens=self._prompt_budget(tokenizer),
-            tokenizer=tokenizer,
-            diverse_formats=diverse,
-            message_format=self.config.generation.message_format,
-            termination=self.config.generation.termination,
-            scoring=False,  # the run scores with its own reward (groups, readability) below
-            pm=self.pm,
-        )
-
-    def _policy(self, model: str) -> Any:
-        gen = self.config.generation
-        if gen.agent_models:  # fixed roles speak with their own model; the rest with the current one
-            fixed = {a: self._load(m) for a, m in gen.agent_models.items()}
-            return PerAgentPolicy(fixed, default=self._load(model))
-        return self._load(model)
-
-    def _load(self, model: str) -> Any:
-        return self.loader.load(model)
-
-    def _release(self, policy: Any) -> None:
-        self.loader.release(policy)
-
-    def _drop_scorer(self) -> None:
-        """Before a vLLM engine starts (it sizes itself from the memory free then, and refuses to
-        start below gpu_memory_utilization): the frozen readability model leaves, loaded again when
-        the stage scores."""
-        self._scorer = None
-        release()
-
-    @property
-    def scorer(self) -> Any:
-        """The frozen base model's per-turn LM loss (the registered ``readability_scorer``; loaded
-        once, kept for the whole run)."""
-        if self._scorer is None:
-            self._scorer = load_readability_scorer(self.config, self.pm)
-        return self._scorer
-
-    def _phase(self, stage: Stage, phase: str, started: float, **extra: Any) -> None:
-        self.run_dir.record_phase(stage.name, phase, time.perf_counter() - started, **extra)
-        fault_point("phase")
-
-    def _generate(self, stage: Stage, model: str, cursor: int, folder: Path) -> int:
-        """Generate (or resume) the stage's data into ``folder``; returns the cursor after it."""
-        cfg = self.config
-        if stage.generate == "none":  # an online backend: it only needs the stage's instances
-            rows = [p % self.num_train for p in self._indices(cursor, cfg.generation.instances)]
-            write_json_atomic(folder / "instances.json", rows)
-            return cursor + cfg.generation.instances
-        ctx = GenerationContext(
-            task=self.task,
-            config=cfg,
-            stage=stage,
-            folder=folder,
-            seed=stage_seed(cfg.seed, stage.name),
-            num_train=self.num_train,
-            load_policy=lambda: self._policy(model),
-            release=self._release,
-            env_kwargs=self._env_kwargs,
-            readability=lambda: self.scorer,
-            events=self.pm.hook,
-            phase=lambda phase, started, extra: self._phase(stage, phase, started, **extra),
-            progress=self.progress,
-        )
-        if stage.generate == "tree":
-            tree_start = cursor + cfg.tree.normalizer_instances
-            if not (folder / "pairs.jsonl").is_file():
-                generate_tree_stage(
-                    ctx,
-                    normalizer_indices=self._indices(cursor, cfg.tree.normalizer_instances),
-                    tree_positions=list(range(tree_start, tree_start + cfg.tree.instances)),
-                )
-            return tree_start + cfg.tree.instances
-        generate_sample_stage(ctx, indices=self._indices(cursor, cfg.generation.instances), init=stage.init)
-        return cursor + cfg.generation.instances
-
+    # -- delivery -------------------------------------------------------------------------------
     def _deliver(self, stage: Stage, folder: Path) -> StageData:
         """Read the stage's data back from disk and fire ``optima_generation_end`` with it."""
         if stage.generate == "none":

@@ -24,7 +24,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,15 @@ from optima_env.io import append_jsonl, read_json_object, read_jsonl, read_text,
 from optima_env.paths import LOCK_NAME, folder_lock
 from optima_trainers.config import TrainConfig
 
-__all__ = ["RunDir", "default_run_name", "read_instances", "read_json", "read_stage_result", "wait_for"]
+__all__ = [
+    "RunDir",
+    "default_run_name",
+    "read_instances",
+    "read_json",
+    "read_stage_result",
+    "wait_for",
+    "wait_for_all",
+]
 
 _RESULT_FIELDS = {"model": str, "cursor_end": int, "metrics": dict}
 
@@ -320,3 +328,9 @@ def wait_for(path: Path, *alternatives: Path, poll_s: float = 1.0) -> Path:
     while not path.exists() and not any(a.exists() for a in alternatives):
         time.sleep(poll_s)
     return path
+
+
+def wait_for_all(paths: Sequence[Path], *, poll_s: float = 1.0) -> None:
+    """Block until every one of ``paths`` exists (the other ranks' ``.done`` markers)."""
+    while not all(p.exists() for p in paths):
+        time.sleep(poll_s)

@@ -26,11 +26,12 @@ from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import PluginError
 from optima_env.io import read_episodes, write_episodes
 from optima_env.policy import SamplingParams
-from optima_env.rollout import make_jobs
+from optima_env.rollout import RolloutJob, make_jobs
 from optima_env.types import Episode
 from optima_trainers.config import TrainConfig
 from optima_trainers.generation import GenerationContext, episode_summary, resumable_rollout
 from optima_trainers.selection import draw_sample_id
+from optima_trainers.shards import collect, discard_shards, fold, play_shard, write_gathered
 
 __all__ = ["generate_sample_stage", "read_sample_stage", "select_through_hook"]
 
@@ -39,32 +40,17 @@ def generate_sample_stage(ctx: GenerationContext, *, indices: list[int], init: b
     """Run (or resume) the generate, score and select phases of one stage into ``ctx.folder``.
 
     ``indices`` are cursor positions (``position % ctx.num_train`` is the row played); ``init``
-    marks the initialization (the format-diverse pool at ``generation.init_temperature``)."""
-    config, task, folder = ctx.config, ctx.task, ctx.folder
-    gen = config.generation
+    marks the initialization (the format-diverse pool at ``generation.init_temperature``). Under
+    several processes (``ctx.shard``) each rank plays its shard of the jobs; the main process
+    gathers them, then scores and selects alone; the other ranks return once their shard is done."""
+    config, folder = ctx.config, ctx.folder
     scored_path, selected_path = folder / "scored.jsonl", folder / "selected.jsonl"
     if not scored_path.is_file():
         started = time.perf_counter()
-        policy = ctx.load_policy()
-        diverse = init and gen.diverse_init and task.num_formats > 0
-        episodes = resumable_rollout(
-            task,
-            policy,
-            jobs=make_jobs(indices, gen.num_samples, ctx.seed),
-            reset_options=lambda job: {"index": job.index % ctx.num_train},
-            path=folder / "episodes.jsonl",
-            sampling=SamplingParams(
-                temperature=gen.init_temperature if init else gen.temperature,
-                top_p=gen.top_p,
-                max_new_tokens=gen.max_new_tokens,
-                seed=ctx.seed,
-                stop=gen.stops(task.agents),
-            ),
-            env_kwargs=ctx.env_kwargs(policy, diverse=diverse),
-            concurrency=gen.concurrency,
-            progress=ctx.progress,
-        )
-        ctx.release(policy)
+        jobs = make_jobs(indices, config.generation.num_samples, ctx.seed)
+        episodes = _generate(ctx, jobs, init=init)
+        if episodes is None:  # another rank: its shard is on disk, the main process goes on
+            return
         episodes = [_as_drawn(e, ctx.num_train) for e in episodes]
         ctx.phase("generate", started, {"cursor": indices[0] if indices else 0})
         started = time.perf_counter()
@@ -72,11 +58,60 @@ def generate_sample_stage(ctx: GenerationContext, *, indices: list[int], init: b
         scorer = EpisodeScorer(config.reward, readability=ctx.readability(), on_scored=ctx.on_scored)
         write_episodes(scored_path, scorer.score(episodes))
         ctx.phase("score", started, {})
-    if not selected_path.is_file():
+    if not selected_path.is_file() and ctx.shard.main:
         started = time.perf_counter()
         chosen = select_through_hook(ctx.events, ctx.stage.name, read_episodes(scored_path), config)
         write_episodes(selected_path, chosen)
         ctx.phase("select", started, {})
+
+
+def _generate(ctx: GenerationContext, jobs: list[RolloutJob], *, init: bool) -> list[Episode] | None:
+    """Every job's episode in job order (``episodes.jsonl``, appended and resumed); under several
+    processes this rank's shard, gathered by the main process (``None`` on the others)."""
+    task, gen, shard, name = ctx.task, ctx.config.generation, ctx.shard, "episodes.jsonl"
+
+    def play(todo: list[RolloutJob], path: Path, reused: dict[Any, Episode]) -> list[Episode]:
+        policy = ctx.load_policy()
+        episodes = resumable_rollout(
+            task,
+            policy,
+            jobs=todo,
+            reset_options=lambda job: {"index": job.index % ctx.num_train},
+            path=path,
+            sampling=SamplingParams(
+                temperature=gen.init_temperature if init else gen.temperature,
+                top_p=gen.top_p,
+                max_new_tokens=gen.max_new_tokens,
+                seed=ctx.seed,
+                stop=gen.stops(task.agents),
+            ),
+            env_kwargs=ctx.env_kwargs(policy, diverse=init and gen.diverse_init and task.num_formats > 0),
+            concurrency=gen.concurrency,
+            progress=ctx.progress,
+            reused=reused,
+        )
+        ctx.release(policy)
+        return episodes
+
+    keys = [(j.index, j.sample) for j in jobs]
+    if shard.world == 1:
+        fold(ctx.folder, name, keys)  # the shards of an earlier multi-process attempt, if any
+        return play(jobs, ctx.folder / name, {})
+    play_shard(
+        shard,
+        ctx.folder,
+        name,
+        keys,
+        lambda positions, path, reused: play(
+            [jobs[p] for p in positions], path, {k: Episode.from_dict(r) for k, r in reused.items()}
+        ),
+    )
+    if not shard.main:
+        return None
+    gathered = collect(shard, ctx.folder, name, keys)
+    write_gathered(ctx.folder, name, [line for _, _, line in gathered])
+    discard_shards(ctx.folder, name)
+    return [Episode.from_dict(record) for _, record, _ in gathered]
 
 
 def read_sample_stage(folder: Path) -> tuple[list[Episode], list[Episode], dict[str, float]]:

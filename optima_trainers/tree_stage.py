@@ -28,11 +28,23 @@ from optima_env.errors import DataError
 from optima_env.io import append_jsonl, read_episodes, read_jsonl, read_text, write_text_atomic
 from optima_env.policy import ChatPolicy, SamplingParams
 from optima_env.reward import percentile_normalizer
-from optima_env.rollout import make_jobs
+from optima_env.rollout import RolloutJob, make_jobs
 from optima_env.types import Episode
 from optima_trainers.config import TrainConfig
 from optima_trainers.faults import fault_point
 from optima_trainers.generation import GenerationContext, resumable_rollout
+from optima_trainers.shards import (
+    Shard,
+    collect,
+    discard_shards,
+    fold,
+    keyed,
+    play_shard,
+    read_lines,
+    shard_files,
+    sources,
+    write_gathered,
+)
 from optima_trainers.types import PreferencePair, read_pairs, write_pairs
 
 __all__ = ["generate_tree_stage", "read_tree_stage"]
@@ -70,7 +82,10 @@ def generate_tree_stage(
 ) -> None:
     """Run (or resume) the normalizer, tree and pair phases of one stage into ``ctx.folder``
     (``normalizer_indices``: cursor positions of the normalizer's conversations; ``tree_positions``:
-    one tree each)."""
+    one tree each). Under several processes (``ctx.shard``) each rank plays its shard of the
+    normalizer's conversations, every rank reads all of them for the normalizer, then grows its
+    shard of the chunks of trees (scoring them itself: a tree's search needs its rewards); the
+    main process gathers the stage's files and writes the pairs, the others return."""
     policy = ctx.load_policy()
     env_kwargs = ctx.env_kwargs(policy)
     started = time.perf_counter()
@@ -87,26 +102,44 @@ def _normalizer_phase(
 ) -> float | None:
     """The constant token normalizer from one fresh conversation per position (``percentile``), or
     ``None`` for the paper's running per-instance max, which plays nothing."""
-    gen, tree_cfg = ctx.config.generation, ctx.config.tree
+    gen, tree_cfg, shard, name = ctx.config.generation, ctx.config.tree, ctx.shard, "normalizer.jsonl"
     if tree_cfg.normalizer == "instance_max":  # the paper's per-instance max needs no fresh conversations
         indices = []
-    episodes = resumable_rollout(
-        ctx.task,
-        policy,
-        jobs=make_jobs(indices, 1, ctx.seed),  # cursor positions: each draw its own job
-        reset_options=lambda job: {"index": job.index % ctx.num_train},
-        path=ctx.folder / "normalizer.jsonl",
-        sampling=SamplingParams(
-            temperature=gen.temperature,
-            top_p=gen.top_p,
-            max_new_tokens=gen.max_new_tokens,
-            seed=ctx.seed,
-            stop=gen.stops(ctx.task.agents),
-        ),
-        env_kwargs=env_kwargs,
-        concurrency=gen.concurrency,
-        progress=ctx.progress,
-    )
+    jobs = make_jobs(indices, 1, ctx.seed)  # cursor positions: each draw its own job
+
+    def play(todo: list[RolloutJob], path: Path, reused: Mapping[Any, Episode]) -> list[Episode]:
+        return resumable_rollout(
+            ctx.task,
+            policy,
+            jobs=todo,
+            reset_options=lambda job: {"index": job.index % ctx.num_train},
+            path=path,
+            sampling=SamplingParams(
+                temperature=gen.temperature,
+                top_p=gen.top_p,
+                max_new_tokens=gen.max_new_tokens,
+                seed=ctx.seed,
+                stop=gen.stops(ctx.task.agents),
+            ),
+            env_kwargs=env_kwargs,
+            concurrency=gen.concurrency,
+            progress=ctx.progress,
+            reused=reused,
+        )
+
+    if shard.world == 1:
+        keys = [(j.index, j.sample) for j in jobs]
+        fold(ctx.folder, name, keys)  # the shards of an earlier multi-process attempt, if any
+        episodes = play(jobs, ctx.folder / name, {})
+    else:  # every rank needs every conversation's length: all wait for all
+        keys = [(j.index, j.sample) for j in jobs]
+        play_shard(shard, ctx.folder, name, keys, lambda positions, path, reused: play(
+            [jobs[p] for p in positions], path, {k: Episode.from_dict(r) for k, r in reused.items()}
+        ), what="normalizer conversations")  # fmt: skip
+        gathered = collect(shard, ctx.folder, name, keys)
+        if shard.main:  # the shard files go with the trees' (the other ranks may still read them)
+            write_gathered(ctx.folder, name, [line for _, _, line in gathered])
+        episodes = [Episode.from_dict(r) for _, r, _ in gathered]
     if tree_cfg.normalizer != "percentile":
         return None
     counts = [e.num_tokens for e in episodes]
@@ -123,17 +156,11 @@ def _tree_phase(
     positions: list[int],
 ) -> None:
     """Grow the trees chunk by chunk (each finished chunk one line of ``trees.jsonl``, its pair
-    records in ``pairs_detail.jsonl``), then write the kept pairs."""
-    from optima_trainers.mcts import build_trees
-    from optima_trainers.pairs import (
-        PAIR_DETAILS,
-        append_pair_details,
-        pair_details,
-        prune_pair_details,
-        select_top_pairs,
-    )
+    records in ``pairs_detail.jsonl``; a rank's own files under several processes), then write
+    the kept pairs (the main process, after gathering every rank's chunks)."""
+    from optima_trainers.pairs import select_top_pairs
 
-    config, folder = ctx.config, ctx.folder
+    config, folder, shard = ctx.config, ctx.folder, ctx.shard
     gen, tree_cfg = config.generation, config.tree
     # the run's one scorer: the tree reward, turn losses cached (a tree replays its prefixes), the
     # constant normalizer or the paper's running per-instance max, the scored event once each
@@ -146,37 +173,127 @@ def _tree_phase(
     )
     mcts_env = {k: v for k, v in env_kwargs.items() if k not in ("split", "max_turns", "diverse_formats")}
     per_chunk = max(1, gen.concurrency // max(1, tree_cfg.rollouts))
-    trees_path = folder / "trees.jsonl"
-    done = finished_chunks(trees_path)
-    prune_pair_details(folder / PAIR_DETAILS, set(done))  # a chunk's records whose trees line never came
-    capped = config.sft.train_capped_turns  # one home: SFT's and the pairs' capped turns
-    for number, chunk in enumerate(_chunks(positions, per_chunk)):
-        if number in done:
-            continue
-        trees = build_trees(
-            ctx.task,
-            policy,
-            [p % ctx.num_train for p in chunk],
-            reward_fn=scorer.score,
-            split=config.split,
-            seed=ctx.seed,
-            search=tree_cfg,
-            generation=gen,
-            env_kwargs=mcts_env,
-            keys=chunk,
-            progress=ctx.progress,
-        )
-        record = [_tree_record(t, config) for t in trees]
-        details = pair_details(
-            trees, chunk=number, fraction=tree_cfg.pair_fraction, train_capped_turns=capped
-        )
-        append_pair_details(folder / PAIR_DETAILS, details)
-        append_jsonl(trees_path, [{"chunk": number, "trees": record}])
-        done[number] = record
-        fault_point("mcts_chunk")
+    chunks = _chunks(positions, per_chunk)
+
+    def grow(
+        numbers: list[int], trees_path: Path, reused: Mapping[int, Any]
+    ) -> dict[int, list[dict[str, Any]]]:
+        details_path = _details_of(trees_path)
+        done = finished_chunks(trees_path)
+        _prune_details(details_path, set(done))  # a chunk's records whose trees line never came
+        for number in numbers:
+            if number in done or number in reused:
+                continue
+            done[number] = _grow_chunk(ctx, policy, scorer, mcts_env, number, chunks[number], details_path)
+            append_jsonl(trees_path, [{"chunk": number, "trees": done[number]}])
+            fault_point("mcts_chunk")
+        return done
+
+    numbers = list(range(len(chunks)))
+    if shard.world == 1:
+        _fold_trees(folder, numbers)
+        done = grow(numbers, folder / "trees.jsonl", {})
+    else:
+        play_shard(shard, folder, "trees.jsonl", numbers, lambda ps, path, reused: grow(ps, path, reused),
+                   key_of=_chunk_key, what="chunks of trees")  # fmt: skip
+        if not shard.main:
+            return
+        done = _gather_trees(shard, folder, numbers)
     trees_done = [t for number in sorted(done) for t in done[number]]
     per_tree = [[PreferencePair.from_dict(p) for p in t["pairs"]] for t in trees_done]
     write_pairs(folder / "pairs.jsonl", select_top_pairs(per_tree, tree_cfg.pair_fraction))
+
+
+def _grow_chunk(
+    ctx: GenerationContext,
+    policy: ChatPolicy,
+    scorer: EpisodeScorer,
+    mcts_env: Mapping[str, Any],
+    number: int,
+    chunk: list[int],
+    details_path: Path,
+) -> list[dict[str, Any]]:
+    """Grow one chunk's trees; append its pair records to ``details_path``; return its records."""
+    from optima_trainers.mcts import build_trees
+    from optima_trainers.pairs import append_pair_details, pair_details
+
+    config = ctx.config
+    trees = build_trees(
+        ctx.task,
+        policy,
+        [p % ctx.num_train for p in chunk],
+        reward_fn=scorer.score,
+        split=config.split,
+        seed=ctx.seed,
+        search=config.tree,
+        generation=config.generation,
+        env_kwargs=mcts_env,
+        keys=chunk,
+        progress=ctx.progress,
+    )
+    record = [_tree_record(t, config) for t in trees]
+    capped = config.sft.train_capped_turns  # one home: SFT's and the pairs' capped turns
+    details = pair_details(trees, chunk=number, fraction=config.tree.pair_fraction, train_capped_turns=capped)
+    append_pair_details(details_path, details)
+    return record
+
+
+def _details_of(trees_path: Path) -> Path:
+    """The pair records' file beside a trees file (``trees.rank1of2.jsonl`` ->
+    ``pairs_detail.rank1of2.jsonl``)."""
+    from optima_trainers.pairs import PAIR_DETAILS
+
+    return trees_path.with_name(trees_path.name.replace("trees", PAIR_DETAILS.partition(".")[0], 1))
+
+
+def _prune_details(path: Path, chunks: set[int]) -> None:
+    from optima_trainers.pairs import prune_pair_details
+
+    prune_pair_details(path, chunks)
+
+
+def _chunk_key(record: dict[str, Any]) -> int:
+    return _chunk_record(record)[0]
+
+
+def _write_trees(folder: Path, gathered: list[tuple[Path, dict[str, Any], str]]) -> None:
+    """Write ``pairs_detail.jsonl`` then ``trees.jsonl`` (main process) from gathered chunk lines,
+    each chunk's pair records from the file beside the trees file its line came from."""
+    from optima_trainers.pairs import PAIR_DETAILS
+
+    by_source: dict[Path, dict[int, list[str]]] = {}
+    details: list[str] = []
+    for source, record, _ in gathered:
+        path = _details_of(source)
+        if path not in by_source:
+            by_source[path] = {}
+            for detail, line in read_lines(path):
+                by_source[path].setdefault(detail.get("chunk"), []).append(line)
+        details += by_source[path].get(record["chunk"], [])
+    write_gathered(folder, PAIR_DETAILS, details)  # first: a chunk's records before its trees line
+    write_gathered(folder, "trees.jsonl", [line for _, _, line in gathered])
+
+
+def _fold_trees(folder: Path, numbers: list[int]) -> None:
+    """One process resuming a tree stage that several began: merge their chunks into the stage's
+    files and remove the shard files."""
+    from optima_trainers.pairs import PAIR_DETAILS
+
+    if not shard_files(folder, "trees.jsonl") and not shard_files(folder, PAIR_DETAILS):
+        return
+    found = keyed(sources(folder, "trees.jsonl"), _chunk_key)
+    _write_trees(folder, [found[n] for n in numbers if n in found])
+    discard_shards(folder, "trees.jsonl", PAIR_DETAILS)
+
+
+def _gather_trees(shard: Shard, folder: Path, numbers: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """The main process: every rank's chunks, once all are done, written to the stage's files."""
+    from optima_trainers.pairs import PAIR_DETAILS
+
+    gathered = collect(shard, folder, "trees.jsonl", numbers, key_of=_chunk_key)
+    _write_trees(folder, gathered)
+    discard_shards(folder, "trees.jsonl", PAIR_DETAILS, "normalizer.jsonl")
+    return {record["chunk"]: record["trees"] for _, record, _ in gathered}
 
 
 def _tree_record(tree: Any, config: TrainConfig) -> dict[str, Any]:

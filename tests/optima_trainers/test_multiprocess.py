@@ -1,11 +1,12 @@
 """Two training processes under ``accelerate launch`` (gloo DDP on the CPU): an iSFT stage and a
 DPO stage of the embedded task on a tiny random model.
 
-Checked: generation and selection happen once (on the main process); every process receives the
-same selected episodes and preference pairs and trains on them; only the main process writes in
-the run folder (the run files and both checkpoints); a run killed while the main process writes the
-DPO checkpoint (the other process waiting at the barrier) resumes under two processes to the data
-and weights of an uninterrupted two-process run.
+Checked: selection happens once (on the main process; each process generates its shard of a
+stage's jobs, ``test_data_parallel.py``); every process receives the same selected episodes and
+preference pairs and trains on them; only the main process writes in the run folder (the run
+files and both checkpoints; the other process only its shard files); a run killed while the main
+process writes the DPO checkpoint (the other process waiting at the barrier) resumes under two
+processes to the data and weights of an uninterrupted two-process run.
 
 What each process received and wrote is recorded by ``rank_probe_plugin``, a test plugin loaded in
 every process through a real ``optima`` entry point (a ``.dist-info`` on ``PYTHONPATH``). The
@@ -107,10 +108,13 @@ def probe_records(probe: Path, rank: int, event: str) -> list[dict]:
 
 
 def foreign_writes(probe: Path, run: Path) -> list[dict]:
-    """What the second process wrote in the run folder (the stage folder it may create aside)."""
+    """What the second process wrote in the run folder, aside from the stage folders it may create
+    and its own shard files of the stages' generation (``episodes.rank1of2.jsonl``, ...)."""
 
     def exempt(path: str) -> bool:
-        return path == str(run / "iter_01")
+        return path in (str(run / s) for s in STAGES) or (
+            Path(path).parent in (run / s for s in STAGES) and ".rank1of2." in Path(path).name
+        )
 
     return [r for r in probe_records(probe, 1, "write") if not all(exempt(p) for p in r["paths"])]
 
