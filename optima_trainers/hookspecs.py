@@ -10,6 +10,7 @@ calls its methods (:class:`optima_trainers.backends.TrainerBackend`).
     ``optima_episode_scored``                                  each episode, with the run's reward
     ``optima_select_training_data``                            a sampled stage's training episodes
     ``optima_generation_end``                                  a stage's data, before it trains
+    ``optima_deliver_weights``                                 a model onto the generation servers
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from optima_trainers.stages import Stage, StageData
 
 __all__ = [
     "add_trainer_hookspecs",
+    "optima_deliver_weights",
     "optima_episode_scored",
     "optima_generation_end",
     "optima_iteration_end",
@@ -84,4 +86,19 @@ def optima_generation_end(stage: Stage, data: StageData) -> None:
     backend's :meth:`~optima_trainers.backends.TrainerBackend.train`. Fired on every process that
     trains, and again when a resumed run trains a stage generated before the interruption. The
     return value is ignored.
+    """
+
+
+@hookspec(firstresult=True)
+def optima_deliver_weights(checkpoint: str, base_urls: Sequence[str]) -> str | None:
+    """Put the model folder ``checkpoint`` on the OpenAI-compatible servers at ``base_urls``
+    and return the model name to request from them (``None``: this plugin does not deliver it).
+
+    Called with ``generation.backend="openai"`` and ``generation.server_weights="hook"``
+    (:mod:`optima_trainers.engines`) before each stage generates, with the model that stage
+    generates with (the starting model at the first stage, then each trained checkpoint: a full
+    merged model folder). vLLM cannot swap a running server's full weights, so a plugin restarts
+    its servers on the new folder (or uses its own weight-update endpoint) and returns once they
+    answer. Stops at the first non-``None`` result; when every plugin returns ``None`` the run
+    stops with an error saying what to register.
     """

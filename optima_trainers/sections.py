@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from optima_env.configtree import check_number, check_positive_int
+from optima_env.errors import ConfigError
 from optima_env.reward import RewardConfig
 
 __all__ = ["GenerationConfig", "TreeSearchConfig"]
@@ -40,8 +41,29 @@ class GenerationConfig:
     """Nucleus sampling mass."""
     diverse_init: bool = True
     """The initialization samples with the format-diverse prompt pool (when the task has one)."""
-    backend: Literal["hf", "vllm", "ct2"] = "hf"
-    """Generation backend: transformers, vLLM, or CTranslate2 (the fast CPU engine)."""
+    backend: Literal["hf", "vllm", "ct2", "openai"] = "hf"
+    """Generation backend: transformers, vLLM, CTranslate2 (the fast CPU engine), or ``openai``:
+    OpenAI-compatible vLLM servers at :attr:`base_urls` (README "Generating on vLLM servers")."""
+    base_urls: tuple[str, ...] = ()
+    """``backend="openai"``: the servers' base URLs, one per replica (e.g.
+    ``http://10.0.0.1:8000/v1,http://10.0.0.2:8000/v1``); each conversation stays on one of them
+    and moves only when its server fails. Every server serves the run's starting model."""
+    served_model: str | None = None
+    """``backend="openai"``: the name the servers serve the starting model under (vLLM's
+    ``--served-model-name``); ``None``: the one base model their ``/v1/models`` lists."""
+    server_weights: Literal["lora", "hook"] = "lora"
+    """``backend="openai"``: how a stage's trained weights reach the servers. ``lora``: the
+    checkpoint's difference from the starting model is exported as a LoRA adapter
+    (:func:`optima_trainers.export.export_lora`, rank :attr:`server_lora_rank`) next to it and
+    loaded at run time (vLLM's ``/v1/load_lora_adapter``; servers started with ``--enable-lora``
+    and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, reading the run folder at the same path);
+    ``hook``: a plugin's ``optima_deliver_weights`` (full fine-tuning: vLLM cannot swap a
+    server's full weights at run time)."""
+    server_lora_rank: int = 16
+    """``server_weights="lora"``: rank of the exported adapter; exact when the checkpoint differs
+    from the starting model by a LoRA of at most this rank (a stage trained from the base model
+    with ``sft.lora_r`` <= it), else the best approximation of that rank (its error is logged).
+    The servers need ``--max-lora-rank`` >= it."""
     compute_type: Literal["int8", "int8_float32", "float32"] = "int8"
     """CTranslate2's weight type (``backend="ct2"`` only; int8 is the CPU default)."""
     concurrency: int = 32
@@ -85,8 +107,14 @@ class GenerationConfig:
         check_number("generation.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         if self.max_model_len is not None:
             check_positive_int("generation.max_model_len", self.max_model_len)
-        for name in ("vllm_tensor_parallel_size", "vllm_data_parallel_size"):
+        for name in ("vllm_tensor_parallel_size", "vllm_data_parallel_size", "server_lora_rank"):
             check_positive_int(f"generation.{name}", getattr(self, name))
+        check_base_urls(self.backend, self.base_urls)
+        if self.backend == "openai" and self.agent_models:
+            raise ConfigError(
+                "generation.agent_models is not supported with generation.backend=openai (the servers serve "
+                f"one trained model per stage), got {dict(self.agent_models)}; use --backend hf or vllm for fixed roles"
+            )
         check_number(
             "generation.vllm_gpu_memory_utilization",
             self.vllm_gpu_memory_utilization,
@@ -112,6 +140,34 @@ class GenerationConfig:
             "data_parallel_size": self.vllm_data_parallel_size,
             "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
         }
+
+
+def check_base_urls(backend: str, urls: Sequence[str]) -> None:
+    """``generation.base_urls``: required (and only meaningful) with ``backend="openai"``; each an
+    ``http(s)://HOST:PORT/v1`` URL, none twice."""
+    example = "--set generation.base_urls=http://10.0.0.1:8000/v1,http://10.0.0.2:8000/v1"
+    if backend != "openai":
+        if urls:
+            raise ConfigError(
+                f"generation.base_urls is for generation.backend=openai (vLLM servers), but the backend is "
+                f"{backend!r}; set --backend openai, or drop generation.base_urls"
+            )
+        return
+    if not urls:
+        raise ConfigError(
+            f"generation.backend=openai needs the servers' base URLs in generation.base_urls, got none; e.g. {example}"
+        )
+    for url in urls:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not url.rstrip("/").endswith(
+            "/v1"
+        ):
+            raise ConfigError(
+                f"generation.base_urls: expected http(s) URLs ending in /v1 (an OpenAI-compatible server's base), "
+                f"got {url!r}; e.g. {example}"
+            )
+    duplicates = sorted({u for u in urls if list(urls).count(u) > 1})
+    if duplicates:
+        raise ConfigError(f"generation.base_urls lists {duplicates} more than once; list each server once")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
