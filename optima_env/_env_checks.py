@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import reprlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,6 @@ __all__ = [
     "episode_over",
     "episode_record",
     "not_reset",
-    "readability_loss",
 ]
 
 logger = logging.getLogger("optima_env.conversation_env")
@@ -194,17 +193,6 @@ def episode_record(
         lm_loss=lm_loss,
         metadata={"scorer": scorer},
     )
-
-
-def readability_loss(
-    readability: Callable[[Sequence[str]], Sequence[float]] | None, texts: Sequence[str]
-) -> float | None:
-    """The max over turns of the readability scorer's per-turn losses (``None`` without a scorer)."""
-    from optima_env.readability import max_turn_loss, score_turns
-
-    if readability is None or not texts:
-        return None
-    return max_turn_loss(score_turns(readability, texts))
 
 
 def check_prompt_budget(max_prompt_tokens: int | None, tokenizer: Any) -> int | None:

@@ -35,7 +35,6 @@ first ``reset`` raise :class:`~optima_env.errors.EnvNotResetError`. The finished
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -52,11 +51,11 @@ from optima_env._env_checks import (
     episode_over,
     episode_record,
     not_reset,
-    readability_loss,
 )
+from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import TaskContractError
 from optima_env.families.scoring import scorer_name
-from optima_env.reward import LARGE_TURN_MARKER, RewardConfig, score_episode
+from optima_env.reward import LARGE_TURN_MARKER, RewardConfig
 from optima_env.rules import AnswerTracker, check_termination, checked_score
 from optima_env.spaces import ACTION_MAX_LENGTH, OBSERVATION_MAX_LENGTH, ConversationText, TextObservation
 from optima_env.task import Task
@@ -408,12 +407,17 @@ class ConversationEnv(AECEnv):
             task_score=checked_score(self.task, final_answer, self.sample, tokenizer=self.tokenizer),
             end_reason=end_reason,
             format_index=self._format_index,
-            lm_loss=readability_loss(self.readability, [t.text for t in self._turns]),
+            lm_loss=None,
             scorer=self.scorer,
         )
+        # the one episode scorer (readability, then the reward with the env's constant normalizer)
+        scorer = EpisodeScorer(
+            self.reward_config, readability=self.readability, normalizer=self.token_normalizer
+        )
         if self.scoring:
-            breakdown = score_episode(episode, config=self.reward_config, normalizer=self.token_normalizer)
-            episode = dataclasses.replace(episode, reward=breakdown)
+            (episode,) = scorer.score([episode])
+        elif self.readability is not None:
+            (episode,) = scorer.readable([episode])
         self._episode = episode
         if self.pm is not None:
             self.pm.hook.optima_episode_end(episode=self._episode)

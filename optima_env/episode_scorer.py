@@ -67,11 +67,17 @@ class EpisodeScorer:
         self._running: dict[str, float] = {}
         self._on_scored = on_scored
 
+    def readable(self, episodes: Sequence[Episode]) -> list[Episode]:
+        """The episodes with ``lm_loss`` filled in by the readability scorer (unchanged without
+        one), and no reward (an env played with ``scoring=False``)."""
+        losses = self._turn_losses(episodes)
+        return list(episodes) if losses is None else self._with_losses(episodes, losses)
+
     def score(self, episodes: Sequence[Episode]) -> list[Episode]:
         """The episodes with ``lm_loss`` (when a readability scorer is set) and ``reward`` filled in."""
         losses = self._turn_losses(episodes)
         if losses is not None:
-            episodes = [dataclasses.replace(e, lm_loss=max_turn_loss(ls)) for e, ls in zip(episodes, losses)]
+            episodes = self._with_losses(episodes, losses)
         per_turn = losses if losses is not None else [None] * len(episodes)
         scored = [
             dataclasses.replace(e, reward=score_episode(e, config=self.config, normalizer=n, turn_losses=ls))
@@ -85,6 +91,10 @@ class EpisodeScorer:
     def __call__(self, episodes: Sequence[Episode]) -> list[float]:
         """The total rewards (a ``reward_fn`` of :func:`optima_trainers.mcts.build_trees`)."""
         return [e.reward.total for e in self.score(episodes) if e.reward is not None]
+
+    @staticmethod
+    def _with_losses(episodes: Sequence[Episode], losses: Sequence[Sequence[float]]) -> list[Episode]:
+        return [dataclasses.replace(e, lm_loss=max_turn_loss(ls)) for e, ls in zip(episodes, losses)]
 
     def _turn_losses(self, episodes: Sequence[Episode]) -> list[list[float]] | None:
         if self.readability is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from optima_env import EpisodeScorer, RewardConfig, ScoringError, score_group
@@ -70,3 +72,28 @@ def test_the_scored_event_fires_once_per_episode_in_order() -> None:
 def test_a_bad_normalizer_is_refused(bad) -> None:
     with pytest.raises(ScoringError, match="normalizer must be"):
         EpisodeScorer(CONFIG, normalizer=bad)
+
+
+@pytest.mark.parametrize("scoring", [True, False])
+def test_the_env_scores_its_episodes_with_the_same_scorer_as_the_trainers(scoring) -> None:
+    """ConversationEnv's own reward (constant normalizer) is EpisodeScorer's, turn losses included,
+    down to the truncated-turn rule that reads per-turn losses; without scoring it still fills lm_loss."""
+    from optima_env import ConversationEnv, ScriptedPolicy, make_task
+    from optima_env.rollout import run_episode
+
+    task = make_task("ie/synth-v0")
+    turns = ["Alice: I hold the key fact.", "Bob: " + "long " * 80, "Alice: <A>red</A>", "Bob: <A>red</A>"]
+    config = RewardConfig(lambda_token=0.4)
+    env = ConversationEnv(
+        task, reward_config=config, readability=losses_by_length, token_normalizer=300.0, scoring=scoring,
+        turn_token_cap=64,
+    )  # fmt: skip
+    played = run_episode(env, ScriptedPolicy.from_turns(turns), seed=5)
+    plain = dataclasses.replace(played, lm_loss=None, reward=None)
+    expected = EpisodeScorer(config, readability=losses_by_length, normalizer=300.0)
+    assert played.lm_loss == max(losses_by_length([t.text for t in played.turns]))
+    if scoring:
+        assert played.reward == expected.score([plain])[0].reward
+        assert played.reward.normalizer == 300.0 and played.reward.token != 0.0
+    else:
+        assert played.reward is None
