@@ -5,6 +5,9 @@ forced ``"Name:"`` prefix appended after the generation prompt) and passed as to
 backends read the same tokens; vLLM then schedules the batch with continuous batching and reuses
 cached prefixes (a conversation's earlier turns, a shared system prompt) on its own. Each request
 carries its own seed (:func:`~optima_env.policy.request_seed`) when ``SamplingParams.seed`` is set.
+Besides ``generate`` (one batch, back when its longest reply is done) the policy is a
+:class:`~optima_env.policy.TurnEngine` (``submit``/``poll``, :mod:`optima_env.backends.vllm_turns`):
+each request enters vLLM's running batch at once and comes back as soon as it is done.
 
 vLLM starts worker processes (multiprocessing *spawn*): a script that builds a
 :class:`VLLMPolicy` must keep its work under ``if __name__ == "__main__":``. Install with
@@ -22,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from optima_env.backends.hf import render_prompt
+from optima_env.backends.vllm_turns import VLLMTurns
 from optima_env.errors import BackendError, TaskContractError, require
 from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
 
@@ -30,8 +34,9 @@ __all__ = ["VLLMPolicy"]
 logger = logging.getLogger(__name__)
 
 
-class VLLMPolicy:
-    """A :class:`~optima_env.policy.ChatPolicy` over a ``vllm.LLM`` engine.
+class VLLMPolicy(VLLMTurns):
+    """A :class:`~optima_env.policy.ChatPolicy` and :class:`~optima_env.policy.TurnEngine` over a
+    ``vllm.LLM`` engine.
 
     Args:
         llm: a started ``vllm.LLM``.
@@ -52,6 +57,7 @@ class VLLMPolicy:
         budget = getattr(getattr(config, "scheduler_config", None), "max_num_batched_tokens", None)
         self.seeded_token_budget: int | None = budget if current_platform.is_cpu() else None
         """On CPUs, seeded batches are split so each fits one scheduler step (see :meth:`generate`)."""
+        self._init_turns()
 
     # size: vLLM's engine options (tensor/data parallel, memory, dtype, ...), mirrored as keyword arguments
     @classmethod
@@ -93,7 +99,11 @@ class VLLMPolicy:
             cpu_threads_bind: sets ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"0-1"``; default: vLLM
                 binds one thread per physical core and keeps one core for its scheduler).
             **llm_kwargs: passed to ``vllm.LLM`` as is (on CPUs ``max_num_batched_tokens``
-                defaults to 32768, so that a seeded batch rarely needs splitting).
+                defaults to 32768, so that a seeded batch rarely needs splitting, and
+                ``enable_chunked_prefill`` to ``False``: vLLM-CPU 0.32 fails on a seeded prompt
+                prefilled over several steps, and a request submitted to a running batch may meet
+                a step with little token budget left; without chunking vLLM holds it for a step
+                with room for its whole prompt).
         """
         for name, value in (
             ("tensor_parallel_size", tensor_parallel_size),
@@ -119,6 +129,8 @@ class VLLMPolicy:
 
         if _on_cpu() and "max_num_batched_tokens" not in llm_kwargs:
             llm_kwargs["max_num_batched_tokens"] = max(max_model_len, 32768)  # whole seeded batches per step
+        if _on_cpu():
+            llm_kwargs.setdefault("enable_chunked_prefill", False)  # seeded prompts prefilled in one step
         if cpu_kvcache_gb is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kvcache_gb))
         if cpu_threads_bind is not None:
@@ -156,6 +168,7 @@ class VLLMPolicy:
         engine takes 19-115 s to start (``docs/feasibility.md`` §8); the tokenizer is kept."""
         from optima_env.models import resolve_model_path
 
+        self._require_idle("load new weights")
         path = resolve_model_path(name_or_path)
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
@@ -171,6 +184,7 @@ class VLLMPolicy:
         """Free the accelerator for a training phase: with sleep mode (``enable_sleep_mode=True``,
         GPUs) the weights go to host memory and the KV cache is dropped (level 1); a no-op on CPUs,
         where vLLM has no sleep mode and the engine's memory is host memory."""
+        self._require_idle("sleep")
         if self._sleep_mode and not self._asleep:
             self.llm.sleep(level=1)
             self._asleep = True
@@ -190,28 +204,10 @@ class VLLMPolicy:
         """
         if not requests:
             return []
-        vllm = require("vllm", "vllm")
-        from vllm.inputs import TokensPrompt
-
-        prompts = []
-        params = []
-        for request in requests:
-            ids = self.tokenizer(render_prompt(self.tokenizer, request), add_special_tokens=False)[
-                "input_ids"
-            ]
-            prompts.append(TokensPrompt(prompt_token_ids=ids))
-            params.append(
-                vllm.SamplingParams(
-                    n=1,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    max_tokens=sampling.max_new_tokens,
-                    seed=None if sampling.seed is None else request_seed(sampling.seed, request.key),
-                    stop=list(sampling.stop) or None,
-                    ignore_eos=sampling.ignore_eos,
-                    skip_special_tokens=True,
-                )
-            )
+        self._require_idle("generate a batch")
+        inputs = [self._engine_input(request, sampling) for request in requests]
+        prompts = [prompt for prompt, _ in inputs]
+        params = [param for _, param in inputs]
         groups = [range(len(prompts))]
         if sampling.seed is not None and self.seeded_token_budget:
             groups = _token_groups([len(p["prompt_token_ids"]) for p in prompts], self.seeded_token_budget)
@@ -232,8 +228,28 @@ class VLLMPolicy:
             for request, output in zip(requests, outputs)
         ]
 
+    def _engine_input(self, request: GenerationRequest, sampling: SamplingParams) -> tuple[Any, Any]:
+        """The vLLM prompt (the rendered chat as token ids) and sampling parameters of one request:
+        the one place both :meth:`generate` and :meth:`submit` build them."""
+        vllm = require("vllm", "vllm")
+        from vllm.inputs import TokensPrompt
+
+        ids = self.tokenizer(render_prompt(self.tokenizer, request), add_special_tokens=False)["input_ids"]
+        params = vllm.SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            seed=None if sampling.seed is None else request_seed(sampling.seed, request.key),
+            stop=list(sampling.stop) or None,
+            ignore_eos=sampling.ignore_eos,
+            skip_special_tokens=True,
+        )
+        return TokensPrompt(prompt_token_ids=ids), params
+
     def close(self) -> None:
-        """Stop the engine and its worker processes."""
+        """Stop the engine and its worker processes (pending submitted requests are forgotten)."""
+        self._pending.clear()
         core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
         if core is not None:
             try:
