@@ -21,11 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from optima_trainers.shards import Shard, collect, discard_shards, fold, own_file, play_shard, shard_files
 from tests.helpers import REPO_ROOT
 from tests.optima_trainers.test_multiprocess import ARGS, CONFIG, DATA_FILES, STAGES, _free_port, lines
 from tests.optima_trainers.tiny_model import make_tiny_model
-
-pytestmark = pytest.mark.slow
 
 APPENDED = ("episodes.jsonl", "normalizer.jsonl")  # one process appends them as episodes end
 
@@ -92,31 +91,101 @@ def assert_same_data(run: Path, reference: Path) -> None:
             assert lines(ours), (stage, name)
 
 
+@pytest.mark.slow
 def test_every_rank_generates_its_shard_and_the_data_equals_one_process(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     model = make_tiny_model(tmp_path / "tiny")
     pythonpath = _install_probe(tmp_path / "site")
-    one, two, killed = tmp_path / "one", tmp_path / "two", tmp_path / "killed"
+    one, run = tmp_path / "one", tmp_path / "two"
     train(one, model=model, processes=1, pythonpath=pythonpath, probe=tmp_path / "probe-one")
 
-    # 1. two processes: each generates its half of every stage, the main process gathers
-    done = train(two, model=model, processes=2, pythonpath=pythonpath, probe=tmp_path / "probe-two")
+    # 1. two processes, rank 1 SIGKILLed after the first episode of its half of the first stage
+    fault = "episode:1@1"
+    done = train(
+        run, model=model, processes=2, pythonpath=pythonpath, probe=tmp_path / "probe-k", fault=fault
+    )
+    for rank in (0, 1):
+        assert f"rank {rank}/2: generating 2 of 4 jobs into episodes.rank{rank}of2.jsonl" in done.stderr
+    shard = run / "iter_00" / "episodes.rank1of2.jsonl"
+    assert len(lines(shard)) == 1 and not (run / "iter_00" / "scored.jsonl").exists()
+    kept = lines(shard)[0]
+
+    # 2. resumed under two processes: rank 1 keeps its episode and plays the other; the main
+    # process gathers both halves of each stage: the data of one process, nothing lost or twice
+    done = train(run, model=None, processes=2, pythonpath=pythonpath, probe=tmp_path / "probe-r")
+    assert f"{shard}: reusing 1 finished episodes of 2" in done.stderr
     for rank in (0, 1):
         for what in ("2 of 4 jobs", "1 of 2 normalizer conversations", "1 of 2 chunks of trees"):
             assert f"rank {rank}/2: generating {what}" in done.stderr, (rank, what)
-    assert_same_data(two, one)
-    probe = [json.loads(line) for line in lines(tmp_path / "probe-two" / "rank1.jsonl")]
-    (second,) = [r for r in probe if r["stage"] == "iter_01"]
-    assert "sft" in second["tracked"]  # rank 1 trained the first stage's model ...
-    assert second["alive"] == []  # ... and released it before generating the second stage
+    assert kept in lines(run / "iter_00" / "episodes.jsonl")
+    assert_same_data(run, one)
 
-    # 2. rank 1 killed after the first episode of its shard; resumed: nothing lost, nothing twice
-    fault = "episode:1@1"
-    train(killed, model=model, processes=2, pythonpath=pythonpath, probe=tmp_path / "probe-k", fault=fault)
-    shard = killed / "iter_00" / "episodes.rank1of2.jsonl"
-    assert len(lines(shard)) == 1 and not (killed / "iter_00" / "scored.jsonl").exists()
-    kept = lines(shard)[0]
-    done = train(killed, model=None, processes=2, pythonpath=pythonpath, probe=tmp_path / "probe-r")
-    assert f"{shard}: reusing 1 finished episodes of 2" in done.stderr
-    assert kept in lines(killed / "iter_00" / "episodes.jsonl")
-    assert_same_data(killed, one)
+    # 3. rank 1 trained the first stage's model, and it was gone before the second stage's data
+    probe = [json.loads(line) for line in lines(tmp_path / "probe-r" / "rank1.jsonl")]
+    (second,) = [r for r in probe if r["stage"] == "iter_01"]
+    assert "sft" in second["tracked"] and second["alive"] == []
+
+
+# -- the shard files, with a scripted player (the launch above plays real ones) -----------------------
+def record(job: tuple[int, int]) -> dict:
+    return {"metadata": {"job": list(job)}, "sample_id": f"s{job[0]}"}
+
+
+def scripted_play(keys: list, played: list) -> object:
+    def play(positions: list[int], path: Path, reused: dict) -> None:
+        played.append(([keys[p] for p in positions if keys[p] not in reused], path.name))
+        with open(path, "a", encoding="utf-8") as out:
+            out.writelines(json.dumps(record(keys[p])) + "\n" for p in positions if keys[p] not in reused)
+
+    return play
+
+
+def test_shards_split_the_jobs_contiguously_and_cover_each_once() -> None:
+    for world in (1, 2, 3, 8):
+        for n in (0, 1, 5, 12):
+            parts = [Shard(r, world).split(list(range(n))) for r in range(world)]
+            assert [i for part in parts for i in part] == list(range(n))
+            assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_two_ranks_write_their_shards_and_the_main_process_gathers_them_in_job_order(tmp_path: Path) -> None:
+    keys = [(i, k) for i in (3, 4, 5) for k in (0, 1)]
+    played: list = []
+    (tmp_path / "episodes.jsonl").write_text(json.dumps(record((5, 1))) + "\n")  # an earlier one-process run
+    for rank in (1, 0):  # rank 1 first: the main process must not need to be first
+        play_shard(Shard(rank, 2), tmp_path, "episodes.jsonl", keys, scripted_play(keys, played))
+    assert played == [
+        ([(4, 1), (5, 0)], "episodes.rank1of2.jsonl"),
+        ([(3, 0), (3, 1), (4, 0)], "episodes.rank0of2.jsonl"),
+    ]
+    assert own_file(tmp_path, "episodes.jsonl", Shard(1, 2), marker=True).is_file()
+    gathered = collect(Shard(0, 2), tmp_path, "episodes.jsonl", keys)
+    assert [tuple(r["metadata"]["job"]) for _, r, _ in gathered] == keys
+    discard_shards(tmp_path, "episodes.jsonl")
+    assert shard_files(tmp_path, "episodes.jsonl") == [] and not list(tmp_path.glob("*.done"))
+
+
+def test_one_process_folds_the_shards_of_an_earlier_two_process_attempt(tmp_path: Path) -> None:
+    keys = [(i, 0) for i in range(4)]
+    for rank, jobs in ((0, [(1, 0)]), (1, [(3, 0), (2, 0)])):
+        (tmp_path / f"episodes.rank{rank}of2.jsonl").write_text(
+            "".join(json.dumps(record(j)) + "\n" for j in jobs)
+        )
+    fold(tmp_path, "episodes.jsonl", keys)
+    jobs = [tuple(json.loads(line)["metadata"]["job"]) for line in lines(tmp_path / "episodes.jsonl")]
+    assert jobs == [(1, 0), (2, 0), (3, 0)] and shard_files(tmp_path, "episodes.jsonl") == []
+
+
+def test_a_run_resumed_with_another_number_of_processes_reuses_the_old_shards(tmp_path: Path) -> None:
+    keys = [(i, 0) for i in range(6)]
+    (tmp_path / "episodes.rank2of3.jsonl").write_text(json.dumps(record((5, 0))) + "\n")  # 3 processes before
+    (tmp_path / "episodes.rank0of3.jsonl").write_text(json.dumps(record((0, 0))) + '\n{"meta')  # torn line
+    played: list = []
+    for rank in (0, 1):
+        play_shard(Shard(rank, 2), tmp_path, "episodes.jsonl", keys, scripted_play(keys, played))
+    assert played == [
+        ([(1, 0), (2, 0)], "episodes.rank0of2.jsonl"),
+        ([(3, 0), (4, 0)], "episodes.rank1of2.jsonl"),
+    ]
+    gathered = collect(Shard(0, 2), tmp_path, "episodes.jsonl", keys)
+    assert [tuple(r["metadata"]["job"]) for _, r, _ in gathered] == keys
