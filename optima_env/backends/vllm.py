@@ -168,7 +168,7 @@ class VLLMPolicy(VLLMTurns):
         engine takes 19-115 s to start (``docs/feasibility.md`` §8); the tokenizer is kept."""
         from optima_env.models import resolve_model_path
 
-        self._require_idle("load new weights")
+        self._drop_pending("load new weights")
         path = resolve_model_path(name_or_path)
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
@@ -184,7 +184,7 @@ class VLLMPolicy(VLLMTurns):
         """Free the accelerator for a training phase: with sleep mode (``enable_sleep_mode=True``,
         GPUs) the weights go to host memory and the KV cache is dropped (level 1); a no-op on CPUs,
         where vLLM has no sleep mode and the engine's memory is host memory."""
-        self._require_idle("sleep")
+        self._drop_pending("sleep")
         if self._sleep_mode and not self._asleep:
             self.llm.sleep(level=1)
             self._asleep = True
@@ -204,7 +204,7 @@ class VLLMPolicy(VLLMTurns):
         """
         if not requests:
             return []
-        self._require_idle("generate a batch")
+        self._drop_pending("generate a batch")
         inputs = [self._engine_input(request, sampling) for request in requests]
         prompts = [prompt for prompt, _ in inputs]
         params = [param for _, param in inputs]

@@ -45,9 +45,11 @@ class VLLMTurns:
 
     Mixed into :class:`~optima_env.backends.vllm.VLLMPolicy`, which provides ``llm`` and
     ``_engine_input`` (the one place a request becomes a vLLM prompt and sampling parameters).
-    While submitted requests are pending, ``generate``, ``load_weights`` and ``sleep`` refuse to run
-    (see :meth:`_require_idle`): ``LLM.generate`` steps the same engine and would take their
-    outputs, and new weights would change replies half-way. :meth:`abort` drops them.
+    Submitted requests still pending when ``generate``, ``load_weights`` or ``sleep`` is called
+    are aborted first, with a warning (:meth:`_drop_pending`): ``LLM.generate`` steps the same
+    engine and would take their outputs, and new weights would change their replies half-way.
+    Such leftovers come from a rollout that ended early (its ``on_episode`` raised), whose replies
+    the next call would drop anyway (:mod:`optima_env.rollout`). :meth:`abort` drops them at once.
     """
 
     llm: Any
@@ -157,10 +159,13 @@ class VLLMTurns:
             except Exception as exc:  # pragma: no cover - a dead engine has nothing left to abort
                 logger.warning("vLLM could not abort %d requests (%s: %s)", len(ids), type(exc).__name__, exc)
 
-    def _require_idle(self, action: str) -> None:
-        """Refuse ``action`` while submitted requests are pending in the engine."""
+    def _drop_pending(self, action: str) -> None:
+        """Abort the submitted requests still pending before ``action``, saying so."""
         if self._pending:
-            raise TaskContractError(
-                f"cannot {action} while {len(self._pending)} submitted requests are pending in the "
-                "engine; poll() until they have all returned, or abort() them first"
+            logger.warning(
+                "VLLMPolicy: aborting %d submitted requests still pending in the engine, to %s (poll() "
+                "until they have returned, or abort() them, to keep this quiet)",
+                len(self._pending),
+                action,
             )
+            self.abort()
