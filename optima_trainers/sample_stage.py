@@ -108,10 +108,10 @@ def _generate(ctx: GenerationContext, jobs: list[RolloutJob], *, init: bool) -> 
     )
     if not shard.main:
         return None
-    gathered = collect(shard, ctx.folder, name, keys)
-    write_gathered(ctx.folder, name, [line for _, _, line in gathered])
+    records = [record for _, record in collect(shard, ctx.folder, name, keys)]
+    write_gathered(ctx.folder, name, records)
     discard_shards(ctx.folder, name)
-    return [Episode.from_dict(record) for _, record, _ in gathered]
+    return [Episode.from_dict(record) for record in records]
 
 
 def read_sample_stage(folder: Path) -> tuple[list[Episode], list[Episode], dict[str, float]]:

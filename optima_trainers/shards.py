@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from optima_env.errors import DataError
-from optima_env.io import read_text, write_text_atomic
+from optima_env.io import append_jsonl, read_jsonl, write_text_atomic
 from optima_trainers.runs import wait_for_all
 
 __all__ = ["Shard", "collect", "discard_shards", "own_file", "play_shard", "shard_files", "write_gathered"]
@@ -117,30 +117,6 @@ def sources(folder: Path, name: str, shard: Shard | None = None) -> list[Path]:
     return [folder / name, *files]
 
 
-def read_lines(path: Path) -> list[tuple[dict[str, Any], str]]:
-    """``(record, line)`` per line of a JSONL file (none when missing); a torn last line (an
-    interrupted append, not valid JSON) is skipped, any other bad line raises :class:`DataError`."""
-    if not path.is_file():
-        return []
-    pieces = read_text(path).split("\n")
-    out = []
-    for i, line in enumerate(pieces):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == len(pieces) - 1:
-                continue
-            raise DataError(
-                f"{path}, line {i + 1}: invalid JSON ({exc}); delete the file to regenerate"
-            ) from exc
-        if not isinstance(record, dict):
-            raise DataError(f"{path}, line {i + 1}: expected a JSON object; delete the file to regenerate")
-        out.append((record, line))
-    return out
-
-
 def job_key(record: dict[str, Any]) -> Key:
     """An episode record's job, ``(instance, sample)`` (``metadata["job"]``)."""
     job = record.get("metadata", {}).get("job")
@@ -152,20 +128,33 @@ def job_key(record: dict[str, Any]) -> Key:
     return int(job[0]), int(job[1])
 
 
-def keyed(paths: Sequence[Path], key_of: KeyOf) -> dict[Key, tuple[Path, dict[str, Any], str]]:
-    """Every record of ``paths`` by key: ``(source, record, line)``; the first source holding a key
-    wins (a later one holds the same work: a gather killed before it removed the shards), and a key
-    twice in one file is an error."""
-    found: dict[Key, tuple[Path, dict[str, Any], str]] = {}
+def keyed(paths: Sequence[Path], key_of: KeyOf) -> dict[Key, tuple[Path, dict[str, Any]]]:
+    """Every record of ``paths`` by key: ``(source, record)``; the first source holding a key wins
+    (a later one holds the same work: a gather killed before it removed the shards), and a key
+    twice in one file is an error. A torn last line (an interrupted append) is skipped."""
+    found: dict[Key, tuple[Path, dict[str, Any]]] = {}
     for path in paths:
         seen: set[Key] = set()
-        for record, line in read_lines(path):
+        for record in read_records(path):
             key = key_of(record)
             if key in seen:
                 raise DataError(f"{path}: {key} appears twice; the file is corrupt, delete it to regenerate")
             seen.add(key)
-            found.setdefault(key, (path, record, line))
+            found.setdefault(key, (path, record))
     return found
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file (none when it is missing; a torn last line skipped)."""
+    if not path.is_file():
+        return []
+
+    def parse(record: Any) -> dict[str, Any]:
+        if not isinstance(record, dict):
+            raise DataError(f"expected a JSON object, got {type(record).__name__}")
+        return record
+
+    return read_jsonl(path, parse, fix="the file is corrupt: delete it to regenerate")
 
 
 def play_shard(
@@ -199,9 +188,9 @@ def play_shard(
 
 def collect(
     shard: Shard, folder: Path, name: str, keys: Sequence[Key], *, key_of: KeyOf = job_key
-) -> list[tuple[Path, dict[str, Any], str]]:
+) -> list[tuple[Path, dict[str, Any]]]:
     """Every record of ``keys``, in their order, once each rank whose shard was not already
-    gathered has marked it done: ``(source, record, line)``."""
+    gathered has marked it done: ``(source, record)``."""
     prior = keyed(sources(folder, name, shard), key_of)
     waiting = []
     for rank in range(shard.world):
@@ -221,9 +210,14 @@ def collect(
     return [found[k] for k in keys]
 
 
-def write_gathered(folder: Path, name: str, lines: Sequence[str]) -> None:
-    """Write the stage's file ``name`` atomically from gathered lines (main process)."""
-    write_text_atomic(folder / name, "".join(line + "\n" for line in lines))
+def write_gathered(folder: Path, name: str, records: Sequence[dict[str, Any]]) -> None:
+    """Write the stage's file ``name`` atomically from gathered records (main process), each line
+    as :func:`~optima_env.io.append_jsonl` wrote it in the shard (the same bytes as one process)."""
+    tmp = folder / f".{name}.gathered"
+    tmp.unlink(missing_ok=True)
+    tmp.touch()
+    append_jsonl(tmp, records)
+    os.replace(tmp, folder / name)
 
 
 def fold(folder: Path, name: str, keys: Sequence[Key], *, key_of: KeyOf = job_key) -> None:
@@ -232,7 +226,7 @@ def fold(folder: Path, name: str, keys: Sequence[Key], *, key_of: KeyOf = job_ke
     if not shard_files(folder, name):
         return
     found = keyed(sources(folder, name), key_of)
-    write_gathered(folder, name, [found[k][2] for k in keys if k in found])
+    write_gathered(folder, name, [found[k][1] for k in keys if k in found])
     discard_shards(folder, name)
 
 

@@ -40,7 +40,7 @@ from optima_trainers.shards import (
     fold,
     keyed,
     play_shard,
-    read_lines,
+    read_records,
     shard_files,
     sources,
     write_gathered,
@@ -136,10 +136,10 @@ def _normalizer_phase(
         play_shard(shard, ctx.folder, name, keys, lambda positions, path, reused: play(
             [jobs[p] for p in positions], path, {k: Episode.from_dict(r) for k, r in reused.items()}
         ), what="normalizer conversations")  # fmt: skip
-        gathered = collect(shard, ctx.folder, name, keys)
+        records = [record for _, record in collect(shard, ctx.folder, name, keys)]
         if shard.main:  # the shard files go with the trees' (the other ranks may still read them)
-            write_gathered(ctx.folder, name, [line for _, _, line in gathered])
-        episodes = [Episode.from_dict(r) for _, r, _ in gathered]
+            write_gathered(ctx.folder, name, records)
+        episodes = [Episode.from_dict(r) for r in records]
     if tree_cfg.normalizer != "percentile":
         return None
     counts = [e.num_tokens for e in episodes]
@@ -256,22 +256,22 @@ def _chunk_key(record: dict[str, Any]) -> int:
     return _chunk_record(record)[0]
 
 
-def _write_trees(folder: Path, gathered: list[tuple[Path, dict[str, Any], str]]) -> None:
-    """Write ``pairs_detail.jsonl`` then ``trees.jsonl`` (main process) from gathered chunk lines,
-    each chunk's pair records from the file beside the trees file its line came from."""
+def _write_trees(folder: Path, gathered: list[tuple[Path, dict[str, Any]]]) -> None:
+    """Write ``pairs_detail.jsonl`` then ``trees.jsonl`` (main process) from gathered chunk records,
+    each chunk's pair records from the file beside the trees file it came from."""
     from optima_trainers.pairs import PAIR_DETAILS
 
-    by_source: dict[Path, dict[int, list[str]]] = {}
-    details: list[str] = []
-    for source, record, _ in gathered:
+    by_source: dict[Path, dict[int, list[dict[str, Any]]]] = {}
+    details: list[dict[str, Any]] = []
+    for source, record in gathered:
         path = _details_of(source)
         if path not in by_source:
             by_source[path] = {}
-            for detail, line in read_lines(path):
-                by_source[path].setdefault(detail.get("chunk"), []).append(line)
+            for detail in read_records(path):
+                by_source[path].setdefault(detail.get("chunk"), []).append(detail)
         details += by_source[path].get(record["chunk"], [])
     write_gathered(folder, PAIR_DETAILS, details)  # first: a chunk's records before its trees line
-    write_gathered(folder, "trees.jsonl", [line for _, _, line in gathered])
+    write_gathered(folder, "trees.jsonl", [record for _, record in gathered])
 
 
 def _fold_trees(folder: Path, numbers: list[int]) -> None:
@@ -293,7 +293,7 @@ def _gather_trees(shard: Shard, folder: Path, numbers: list[int]) -> dict[int, l
     gathered = collect(shard, folder, "trees.jsonl", numbers, key_of=_chunk_key)
     _write_trees(folder, gathered)
     discard_shards(folder, "trees.jsonl", PAIR_DETAILS, "normalizer.jsonl")
-    return {record["chunk"]: record["trees"] for _, record, _ in gathered}
+    return {record["chunk"]: record["trees"] for _, record in gathered}
 
 
 def _tree_record(tree: Any, config: TrainConfig) -> dict[str, Any]:

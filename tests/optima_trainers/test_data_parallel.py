@@ -160,7 +160,7 @@ def test_two_ranks_write_their_shards_and_the_main_process_gathers_them_in_job_o
     ]
     assert own_file(tmp_path, "episodes.jsonl", Shard(1, 2), marker=True).is_file()
     gathered = collect(Shard(0, 2), tmp_path, "episodes.jsonl", keys)
-    assert [tuple(r["metadata"]["job"]) for _, r, _ in gathered] == keys
+    assert [tuple(r["metadata"]["job"]) for _, r in gathered] == keys
     discard_shards(tmp_path, "episodes.jsonl")
     assert shard_files(tmp_path, "episodes.jsonl") == [] and not list(tmp_path.glob("*.done"))
 
@@ -188,4 +188,4 @@ def test_a_run_resumed_with_another_number_of_processes_reuses_the_old_shards(tm
         ([(3, 0), (4, 0)], "episodes.rank1of2.jsonl"),
     ]
     gathered = collect(Shard(0, 2), tmp_path, "episodes.jsonl", keys)
-    assert [tuple(r["metadata"]["job"]) for _, r, _ in gathered] == keys
+    assert [tuple(r["metadata"]["job"]) for _, r in gathered] == keys
