@@ -168,19 +168,24 @@ class PolicyLoader:
 
     def _server_adapter(self, checkpoint: str) -> tuple[str, str]:
         """``(name, folder)`` of the LoRA adapter of ``checkpoint`` minus the starting model,
-        exported beside the checkpoint (once: a rerun verifies and reuses it)."""
+        exported beside the checkpoint (once, under a file lock: the other ranks of a
+        data-parallel run, and a rerun, verify and reuse it)."""
+        from optima_env.models import file_lock
         from optima_trainers.export import export_lora
 
         gen = self.config.generation
         out = Path(checkpoint).with_name(Path(checkpoint).name + SERVER_LORA_SUFFIX)
         try:
-            manifest = export_lora(self.config.model, checkpoint, out, rank=gen.server_lora_rank, dtype="float32")
+            with file_lock(out.with_name(out.name + ".lock")):
+                manifest = export_lora(
+                    self.config.model, checkpoint, out, rank=gen.server_lora_rank, dtype="float32"
+                )
         except DataError as exc:
             raise ConfigError(
                 f"generation.server_weights=lora cannot carry {checkpoint} as a LoRA adapter of "
                 f"{self.config.model!r}: {exc}. A fully fine-tuned checkpoint reaches vLLM servers through "
                 "generation.server_weights=hook and a plugin implementing optima_deliver_weights "
-                "(README \"Generating on vLLM servers\")"
+                '(README "Generating on vLLM servers")'
             ) from exc
         error = manifest["delta_relative_error"]["max"]
         if error > 1e-3:
@@ -207,11 +212,12 @@ class PolicyLoader:
             raise PluginError(
                 f"generation.server_weights=hook, but no plugin delivered {checkpoint} to the servers "
                 f"{list(gen.base_urls)}: register one implementing optima_deliver_weights (README "
-                "\"Generating on vLLM servers\"), or use generation.server_weights=lora for LoRA training"
+                '"Generating on vLLM servers"), or use generation.server_weights=lora for LoRA training'
             )
         if not isinstance(name, str) or not name:
             raise PluginError(
-                f"optima_deliver_weights must return the model name to request (a non-empty str), got {name!r}"
+                "optima_deliver_weights must return the model name to request (a non-empty str), "
+                f"got {name!r}"
             )
         return name
 

@@ -113,7 +113,8 @@ class GenerationConfig:
         if self.backend == "openai" and self.agent_models:
             raise ConfigError(
                 "generation.agent_models is not supported with generation.backend=openai (the servers serve "
-                f"one trained model per stage), got {dict(self.agent_models)}; use --backend hf or vllm for fixed roles"
+                f"one trained model per stage), got {dict(self.agent_models)}; use --backend hf or vllm "
+                "for fixed roles"
             )
         check_number(
             "generation.vllm_gpu_memory_utilization",
@@ -155,14 +156,18 @@ def check_base_urls(backend: str, urls: Sequence[str]) -> None:
         return
     if not urls:
         raise ConfigError(
-            f"generation.backend=openai needs the servers' base URLs in generation.base_urls, got none; e.g. {example}"
+            "generation.backend=openai needs the servers' base URLs in generation.base_urls, got none; "
+            f"e.g. {example}"
         )
     for url in urls:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not url.rstrip("/").endswith(
-            "/v1"
+        if (
+            not isinstance(url, str)
+            or not url.startswith(("http://", "https://"))
+            or not url.rstrip("/").endswith("/v1")
         ):
             raise ConfigError(
-                f"generation.base_urls: expected http(s) URLs ending in /v1 (an OpenAI-compatible server's base), "
+                "generation.base_urls: expected http(s) URLs ending in /v1 (an OpenAI-compatible "
+                "server's base), "
                 f"got {url!r}; e.g. {example}"
             )
     duplicates = sorted({u for u in urls if list(urls).count(u) > 1})

@@ -7,20 +7,22 @@ sends one request at once on the pool and ``poll`` hands back each reply as soon
 no conversation waits for another's turn (``capacity`` is ``None``: the servers batch).
 
 Replicas (:mod:`optima_env.backends.replicas`): a request with a ``session`` (its conversation)
-always goes to the session's replica (rendezvous hashing over ``base_urls``), so that the
-server's prefix cache serves the conversation's earlier turns; it moves only when that replica
-fails. Requests without a session rotate round robin, and a retry moves on to the next one. Connection errors, timeouts, HTTP 429 and 5xx are retried with
-exponential backoff (``Retry-After`` is honoured, up to ``max_backoff``); any other HTTP error
-fails at once. A request that still fails after ``max_retries`` retries raises
-:class:`~optima_env.errors.BackendError` naming the servers and the last error.
+always goes to the session's replica (rendezvous hashing over ``base_urls``), so that the server's
+prefix cache serves the conversation's earlier turns; it moves only when that replica fails.
+Requests without a session rotate round robin, and a retry moves on to the next one. Connection
+errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff (``Retry-After`` is
+honoured, up to ``max_backoff``); any other HTTP error fails at once. A request that still fails
+after ``max_retries`` retries raises :class:`~optima_env.errors.BackendError` naming the servers and
+the last error.
 
-Replicas: a server that refuses or drops connections (killed, restarting, unreachable) is taken
-out of the rotation for ``cooldown`` seconds, with one warning naming it; its requests, in flight
-or new, go at once to the other replicas (a session to its next replica, where it then stays) (without backoff, and without using up a retry), so a
-batch finishes on the survivors. After the cool-down one request tries it again: if it answers
-it is back in the rotation (logged), else it stays out. Only when every replica is out do
-requests wait and retry as above. A slow server (read timeout) is not taken out. Every request
-carries its own seed, so a reply does not depend on the replica that produced it.
+Replicas: a server that refuses or drops connections (killed, restarting, unreachable) is taken out
+of the rotation for ``cooldown`` seconds, with one warning naming it; its requests, in flight or
+new, go at once to the other replicas (a session to its next replica, where it then stays; without
+backoff, and without using up a retry), so a batch finishes on the survivors. After the cool-down
+one request tries it again: if it answers it is back in the rotation (logged), else it stays out.
+Only when every replica is out do requests wait and retry as above. A slow server (read timeout) is
+not taken out. Every request carries its own seed, so a reply does not depend on the replica that
+produced it.
 
 The API key is read from the environment variable ``api_key_env`` (default ``OPENAI_API_KEY``)
 at each request, never stored on the object; none is sent when it is unset, as local servers
@@ -38,7 +40,7 @@ standard fields.
 Weights that change at run time (the trainer, :mod:`optima_trainers.engines`): :meth:`serve`
 switches the model name the requests ask for, and with ``adapter=`` first loads a PEFT LoRA
 adapter on every live replica under that name (vLLM's runtime LoRA,
-:mod:`optima_env.backends.server_admin`); a replica that answers 404 for it later (restarted
+:mod:`optima_env.backends.openai_http`); a replica that answers 404 for it later (restarted
 since) gets it loaded again before the request is retried.
 """
 
@@ -54,7 +56,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Literal
 
-from optima_env.backends import server_admin
+from optima_env.backends import openai_http
 from optima_env.backends.replicas import ReplicaSet
 from optima_env.errors import BackendError, TaskContractError, require
 from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
@@ -62,9 +64,6 @@ from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, r
 __all__ = ["OpenAIChatPolicy"]
 
 logger = logging.getLogger(__name__)
-
-RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
-"""HTTP statuses worth retrying: timeouts, rate limits and server-side failures."""
 
 
 class OpenAIChatPolicy:
@@ -207,8 +206,8 @@ class OpenAIChatPolicy:
             loaded = []
             for base in self.base_urls:
                 try:
-                    server_admin.load_lora_adapter(self._client, base, model, adapter, self._auth())
-                except _dropped_connection(httpx) as exc:
+                    openai_http.load_lora_adapter(self._client, base, model, adapter, self._auth())
+                except openai_http.dropped_connection(httpx) as exc:
                     self._replicas.mark_down(base, f"{type(exc).__name__}: {exc}")
                     continue
                 loaded.append(base)
@@ -224,7 +223,7 @@ class OpenAIChatPolicy:
         if previous is not None and previous[0] != model:
             for base in self.live_replicas():
                 try:
-                    server_admin.unload_lora_adapter(self._client, base, previous[0], self._auth())
+                    openai_http.unload_lora_adapter(self._client, base, previous[0], self._auth())
                 except (httpx.TransportError, BackendError) as exc:  # only frees server memory
                     logger.warning("could not unload LoRA adapter %r from %s: %s", previous[0], base, exc)
 
@@ -234,10 +233,12 @@ class OpenAIChatPolicy:
         errors = []
         for base in self.live_replicas() or self.base_urls:
             try:
-                return server_admin.served_base_model(self._client, base, self._auth())
-            except _dropped_connection(httpx) as exc:
+                return openai_http.served_base_model(self._client, base, self._auth())
+            except openai_http.dropped_connection(httpx) as exc:
                 errors.append(f"{base}: {type(exc).__name__}: {exc}")
-        raise BackendError(f"no replica answered GET /v1/models ({'; '.join(errors)}); check that the servers are up")
+        raise BackendError(
+            f"no replica answered GET /v1/models ({'; '.join(errors)}); check that the servers are up"
+        )
 
     def close(self) -> None:
         """Close the connection pool and the worker threads."""
@@ -309,10 +310,9 @@ class OpenAIChatPolicy:
         if adapter is None or payload.get("model") != adapter[0]:
             return False
         logger.info("replica %s does not have the LoRA adapter %r (restarted?); loading it", base, adapter[0])
-        server_admin.load_lora_adapter(self._client, base, adapter[0], adapter[1], self._auth())
+        openai_http.load_lora_adapter(self._client, base, adapter[0], adapter[1], self._auth())
         return True
 
-    # size: one request's retry loop (failover, backoff, a reloaded adapter), a single state machine
     def _post(self, payload: dict[str, Any], session: tuple[object, ...] = ()) -> str:
         httpx = require("httpx", "openai")
         with self._lock:
@@ -327,7 +327,7 @@ class OpenAIChatPolicy:
             retry_after = 0.0
             try:
                 response = self._client.post(url, json=payload, headers=self._auth())
-            except _dropped_connection(httpx) as exc:  # refused, reset or cut: the replica is gone
+            except openai_http.dropped_connection(httpx) as exc:  # refused, reset or cut: the replica is gone
                 last = f"{url}: {type(exc).__name__}: {exc}"
                 failed.append(base)
                 if self._replicas.mark_down(base, f"{type(exc).__name__}: {exc}") and failovers < len(
@@ -342,19 +342,19 @@ class OpenAIChatPolicy:
             else:
                 self._replicas.mark_up(base)
                 if response.status_code == 200:
-                    content = _content(response, url)
+                    content = openai_http.chat_content(response, url)
                     self._replicas.answered(base, session)
                     return content
                 last = f"{url}: HTTP {response.status_code}: {response.text[:300]!r}"
                 if response.status_code == 404 and not reloaded and self._reload_adapter(base, payload):
                     reloaded = True
                     continue
-                if response.status_code not in RETRY_STATUSES:
+                if response.status_code not in openai_http.RETRY_STATUSES:
                     raise BackendError(
                         f"the server rejected the chat request ({last}); check the model name "
                         f"{self.model!r}, the API key variable {self.api_key_env!r} and the request fields"
                     )
-                retry_after = _retry_after(response.headers.get("retry-after"))
+                retry_after = openai_http.retry_after(response.headers.get("retry-after"))
             if attempt == self.max_retries:
                 break
             delay = min(self.max_backoff, max(self.backoff * 2**attempt, retry_after))
@@ -384,45 +384,3 @@ def _failure(first: BaseException, message: str) -> BackendError:
         error = BackendError(f"{message}; first: {first} ({type(first).__name__})")
     error.__cause__ = first
     return error
-
-
-def _dropped_connection(httpx: Any) -> tuple[type[BaseException], ...]:
-    """httpx errors meaning the server is not there (not merely slow): refused or timed-out
-    connects, connections reset or closed before the response."""
-    return (
-        httpx.ConnectError,
-        httpx.ConnectTimeout,
-        httpx.RemoteProtocolError,
-        httpx.ReadError,
-        httpx.WriteError,
-    )
-
-
-def _content(response: Any, url: str) -> str:
-    """``choices[0].message.content`` of a chat-completion response, or a clear error."""
-    try:
-        data = response.json()
-    except ValueError as exc:
-        raise BackendError(
-            f"{url} answered HTTP 200 with a body that is not JSON: {response.text[:200]!r}"
-        ) from exc
-    try:
-        content = data["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise BackendError(
-            f"{url} answered without choices[0].message.content (an OpenAI chat completion was expected), "
-            f"got {str(data)[:200]!r}"
-        ) from exc
-    if content is None:
-        return ""
-    if not isinstance(content, str):
-        raise BackendError(f"{url} answered a non-string message content: {type(content).__name__}")
-    return content
-
-
-def _retry_after(value: str | None) -> float:
-    """Seconds from a ``Retry-After`` header (a number of seconds; dates are ignored)."""
-    try:
-        return max(0.0, float(value)) if value else 0.0
-    except ValueError:
-        return 0.0

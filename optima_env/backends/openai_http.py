@@ -1,4 +1,5 @@
-"""Administration calls to OpenAI-compatible servers: the served models, runtime LoRA adapters.
+"""The HTTP pieces of the OpenAI-compatible client (:mod:`optima_env.backends.openai`): reading a
+chat completion, which errors mean a replica is gone, and the administration calls.
 
 * :func:`served_base_model`: the base model a server serves (``GET /v1/models``; vLLM lists the
   base with ``parent: null`` and each loaded adapter with its base as ``parent``).
@@ -19,7 +20,19 @@ from typing import Any
 
 from optima_env.errors import BackendError
 
-__all__ = ["LORA_SERVER_HINT", "load_lora_adapter", "served_base_model", "unload_lora_adapter"]
+__all__ = [
+    "LORA_SERVER_HINT",
+    "RETRY_STATUSES",
+    "chat_content",
+    "dropped_connection",
+    "load_lora_adapter",
+    "retry_after",
+    "served_base_model",
+    "unload_lora_adapter",
+]
+
+RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+"""HTTP statuses worth retrying: timeouts, rate limits and server-side failures."""
 
 LORA_SERVER_HINT = (
     "start each vLLM server with --enable-lora --max-lora-rank R (R >= the adapter's rank) and the "
@@ -46,7 +59,8 @@ def served_base_model(client: Any, base_url: str, headers: Mapping[str, str]) ->
         bases = [e["id"] for e in entries if not e.get("parent")]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise BackendError(
-            f"{url} did not answer an OpenAI model list ({{'data': [{{'id': ...}}]}}): {response.text[:200]!r}"
+            f"{url} did not answer an OpenAI model list ({{'data': [{{'id': ...}}]}}): "
+            f"{response.text[:200]!r}"
         ) from exc
     if len(bases) != 1:
         raise BackendError(
@@ -86,5 +100,48 @@ def unload_lora_adapter(client: Any, base_url: str, name: str, headers: Mapping[
     if response.status_code == 404:
         return False
     raise BackendError(
-        f"{url} refused to unload the LoRA adapter {name!r} (HTTP {response.status_code}: {response.text[:200]!r})"
+        f"{url} refused to unload the LoRA adapter {name!r} "
+        f"(HTTP {response.status_code}: {response.text[:200]!r})"
     )
+
+
+def dropped_connection(httpx: Any) -> tuple[type[BaseException], ...]:
+    """httpx errors meaning the server is not there (not merely slow): refused or timed-out
+    connects, connections reset or closed before the response."""
+    return (
+        httpx.ConnectError,
+        httpx.ConnectTimeout,
+        httpx.RemoteProtocolError,
+        httpx.ReadError,
+        httpx.WriteError,
+    )
+
+
+def chat_content(response: Any, url: str) -> str:
+    """``choices[0].message.content`` of a chat-completion response, or a clear error."""
+    try:
+        data = response.json()
+    except ValueError as exc:
+        raise BackendError(
+            f"{url} answered HTTP 200 with a body that is not JSON: {response.text[:200]!r}"
+        ) from exc
+    try:
+        content = data["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise BackendError(
+            f"{url} answered without choices[0].message.content (an OpenAI chat completion was expected), "
+            f"got {str(data)[:200]!r}"
+        ) from exc
+    if content is None:
+        return ""
+    if not isinstance(content, str):
+        raise BackendError(f"{url} answered a non-string message content: {type(content).__name__}")
+    return content
+
+
+def retry_after(value: str | None) -> float:
+    """Seconds from a ``Retry-After`` header (a number of seconds; dates are ignored)."""
+    try:
+        return max(0.0, float(value)) if value else 0.0
+    except ValueError:
+        return 0.0
