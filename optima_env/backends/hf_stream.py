@@ -9,8 +9,8 @@ every row, old and new alike; a row that ends (end of sequence, a stop string, `
 leaves the batch at once, its slot goes to the next queued request, and :meth:`StreamingDecoder.poll`
 returns its reply. Replies follow the fast path of ``generate`` token for token: the same
 rendering, the same sampler with the same per-request generator (:func:`~optima_env.policy.request_seed`),
-the same stop rule and reply cut, so a request gets the text it gets from ``generate`` (greedy:
-identical; sampled: up to floating-point differences between batch shapes).
+the same stop rule and reply cut, so a request gets the text it gets from ``generate``, up to
+floating-point differences between batch shapes (which can only flip a near tie).
 
 The KV states live in one buffer ``[layers, 2, batch_size, kv heads, width, head dim]`` whose
 first ``n`` slots are the running rows. Every row writes its next token at the same column (the
@@ -118,14 +118,14 @@ class StreamingDecoder:
                     done = []
                     while not done:
                         done = self._round()
-        except Exception as exc:
+        except BaseException as exc:  # an interrupt too: no request is left half admitted
             dropped = len(self._pending)
             self.queue.clear()
             self.rows.clear()
             self._pending.clear()
             self._release()
-            if isinstance(exc, OptimaError):  # already says what went wrong (e.g. BackendError)
-                raise
+            if isinstance(exc, OptimaError) or not isinstance(exc, Exception):
+                raise  # already says what went wrong (e.g. BackendError), or an interrupt
             raise BackendError(
                 f"the transformers engine failed ({type(exc).__name__}: {exc}); its {dropped} pending "
                 "requests were dropped: fix the cause and submit them again"

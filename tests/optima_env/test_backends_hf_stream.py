@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from optima_env.errors import BackendError, TaskContractError
-from optima_env.policy import GenerationRequest, SamplingParams, TurnEngine
+from optima_env.policy import GenerationRequest, SamplingParams, TurnEngine, request_seed
 from tests.optima_env.test_backends_hf import conversation, tiny_model
 
 torch = pytest.importorskip("torch")
@@ -162,3 +162,23 @@ def test_models_off_the_fast_path_answer_through_generate(tokenizer) -> None:
     replies, polls = drain(engine)
     assert polls == [[0, 1, 2]]
     assert [replies[t] for t in range(3)] == engine.generate(requests, sampling)
+
+
+def test_rows_ending_at_eos_match_generate(tokenizer) -> None:
+    requests = [conversation(i, 1) for i in range(6)]
+    greedy = SamplingParams(temperature=0, max_new_tokens=12)
+    for sampling in (greedy, SamplingParams(temperature=1.0, max_new_tokens=12, seed=5)):
+        model = tiny_model(tokenizer)
+        probe = TransformersPolicy(model, tokenizer, prefix_cache_mb=0)
+        seeds = [None if sampling.seed is None else request_seed(sampling.seed, r.key) for r in requests]
+        rows = probe._decode(probe._encode(requests), seeds, sampling)
+        # tokens the model writes mid-reply become end-of-sequence ids: replies of many lengths
+        ends = {row[1 + r % 6] for r, row in enumerate(rows)}
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id, *ends]
+        engine = TransformersPolicy(model, tokenizer, batch_size=3)
+        for ticket, request in enumerate(requests):
+            engine.submit(ticket, request, sampling)
+        replies, polls = drain(engine)
+        expected = TransformersPolicy(model, tokenizer, batch_size=3).generate(requests, sampling)
+        assert [replies[t] for t in range(6)] == expected
+        assert len({len(reply) for reply in expected}) > 2 and len(polls) > 2
