@@ -13,6 +13,10 @@ Layout (``runs/<task>__<trainer>__<seed>__<time>/`` by default)::
         normalizer.jsonl   DPO stages: the token-normalizer rollouts (appended, resumed)
         trees.jsonl        DPO stages: per chunk of trees, their pairs (appended, resumed by chunk)
         pairs.jsonl        DPO stages: the kept preference pairs (atomic)
+        *.rank1of2.jsonl   under several processes: each rank's shard of episodes.jsonl,
+                           normalizer.jsonl, trees.jsonl (and a .done marker), appended and
+                           resumed, gathered into the files above by the main process and removed
+                           (optima_trainers.shards)
         checkpoint/        the trained model (temp folder + COMPLETE manifest + rename)
         result.json        the stage's outcome: next model and metrics (atomic; marks it done)
 """
