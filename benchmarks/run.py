@@ -6,7 +6,8 @@ single agent (CoT) and as the 2-agent system (MAD), against the three trained sy
 adapters the demo suite committed (iSFT, iDPO, iSFT-DPO), greedy, with the same caps, on 30
 held-out instances; the table gives 95% bootstrap intervals and the ratios to MAD. Other suites:
 ``smoke`` (CoT and MAD on 4 instances), ``paper`` (spec §8.1, for a GPU), ``scaling`` (spec
-§8.3), ``rollout`` and ``loop`` (engine and training-loop throughput) and ``demo`` (the three
+§8.3), ``rollout`` and ``loop`` (engine and training-loop throughput), ``handoff`` (a stage's weights
+reaching the vLLM engine: :mod:`benchmarks.throughput.handoff_bench`) and ``demo`` (the three
 trainers trained on CPU, then evaluated: :mod:`benchmarks.demo.suite`); see :mod:`benchmarks.suites`,
 and :mod:`benchmarks.evaluation.methods` for the methods (cot, sc, mad, autoform, and ``--checkpoint
 NAME=PATH``).
@@ -191,7 +192,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
     try:
         if suite.name == "demo":
             return _demo(args, suite, out)
-        if suite.name in ("rollout", "loop"):
+        if suite.name in ("rollout", "loop", "handoff"):
             out.mkdir(parents=True, exist_ok=True)
             with folder_lock(out, what="--out"):
                 return _throughput(args, suite, out)
@@ -220,9 +221,17 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _throughput(args: RunArgs, suite: Any, out: Path) -> dict[str, Any]:
-    """The rollout and loop suites (engine and training-loop throughput)."""
+    """The rollout, loop and handoff suites (engine, training-loop and stage-handoff timings)."""
+    if args.update_readme and suite.name == "handoff":
+        raise RunConfigError("--update-readme: the handoff suite has no README block; drop the flag")
     if suite.name == "rollout":
         result = _run_rollout_suite(args, out)
+    elif suite.name == "handoff":
+        from benchmarks.throughput.handoff_bench import run_handoff_suite
+
+        command = " ".join(command_line(dataclasses.replace(args, out=str(out))))
+        result = run_handoff_suite(out, model=args.model, seed=args.seed, repetitions=args.episodes or 3,
+                                   command=command)  # fmt: skip
     else:
         from benchmarks.throughput.loop_bench import run_loop_suite
 

