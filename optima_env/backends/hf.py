@@ -172,12 +172,8 @@ class TransformersPolicy:
         self._stream.submit(ticket, request, sampling)
 
     def poll(self) -> list[tuple[int, str]]:
-        """Decode until at least one submitted request is done; its ``(ticket, reply)`` pairs.
-
-        Fast path: queued requests join the running batch as slots free up
-        (:class:`~optima_env.backends.hf_stream.StreamingDecoder`). Other models: everything
-        queued is answered by :meth:`generate` (a batch per distinct ``SamplingParams``).
-        """
+        """Decode until a submitted request is done; the ``(ticket, reply)`` pairs done (see the
+        module docstring: continuous batching, or :meth:`generate` off the fast path)."""
         return self._stream.poll()
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[str]:
