@@ -105,7 +105,8 @@ class StreamingDecoder:
         """Run sampling rounds until a row ends; the ``(ticket, reply)`` pairs that ended.
 
         ``[]`` when nothing is pending. Any failure drops every pending request and raises
-        :class:`~optima_env.errors.BackendError`.
+        :class:`~optima_env.errors.BackendError` (an optima error, e.g. the chat template's
+        :class:`~optima_env.errors.BackendError`, passes as it is).
         """
         if not self.queue and not self.rows:
             return []
