@@ -274,7 +274,8 @@ def _eos_targets_line(t: dict[str, Any]) -> str:
 
 
 def plot(path: Path, summary: dict[str, Any]) -> None:
-    """A bar chart of generated tokens per second by phase (skipped without matplotlib)."""
+    """A bar chart of generated tokens per second by phase, and ``drivers.png`` beside it for the
+    EOS workload's drivers (skipped without matplotlib)."""
     try:
         import matplotlib
 
@@ -290,6 +291,30 @@ def plot(path: Path, summary: dict[str, Any]) -> None:
         ax.axvline(limit["tokens_per_s"], linestyle="--", linewidth=1, color="gray")
         ax.annotate(f"fp32 GEMM limit, batch {batch}", (limit["tokens_per_s"], 0), rotation=90, fontsize=6)
     ax.set_xlabel("generated tokens / s (wall clock)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    _plot_drivers(plt, path.with_name("drivers.png"), summary)
+
+
+def _plot_drivers(plt: Any, path: Path, summary: dict[str, Any]) -> None:
+    """Tokens/s and slot utilization of each backend's two drivers on the EOS workload."""
+    bars = [
+        (f"{r['phase'].removeprefix('drivers_')} {driver}", d)
+        for r in summary["phases"]
+        if r["phase"] in ("drivers_engine", "drivers_vllm") and "drivers" in r
+        for driver, d in r["drivers"].items()
+    ]
+    if not bars:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 1 + 0.35 * len(bars)), sharey=True)
+    names = [name for name, _ in bars]
+    left.barh(names, [d["tokens_per_s"] for _, d in bars])
+    left.set_xlabel("useful tokens / s (wall clock)")
+    right.barh(names, [100 * (d["slot_utilization"] or 0) for _, d in bars])
+    right.axvline(90, linestyle="--", linewidth=1, color="gray")
+    right.set_xlabel("slot utilization (%)")
+    fig.suptitle("EOS workload: barrier (batch) vs asynchronous (turns) driver", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

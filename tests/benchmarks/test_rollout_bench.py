@@ -269,6 +269,7 @@ def test_the_eos_tables_come_from_saved_phases_and_leave_the_other_phases_saved(
         "2.00 (target >= 1.5: met)" in table
     )
     assert "data-parallel 1.60x one process (target >= 1.8: not met)" in table
+    assert_png(tmp_path / "drivers.png")
     assert summary["targets"]["engine_turns_utilization"] == pytest.approx(1000 / 1080)
     assert "| naive |" in table  # the main table keeps the fixed-length phases, without the EOS ones
     assert "| drivers_engine |" not in table
