@@ -61,7 +61,8 @@ def summarize(cfg: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
         "ct2_float32_of_gemm_limit_target": 0.5,
         **eos_targets(results),
     }
-    table = _table(cfg, rows, targets) + eos_table(cfg, results, targets)
+    fixed = [r for r in rows if r["phase"] not in EOS_PHASES]
+    table = (_table(cfg, fixed, targets) if fixed else "") + eos_table(cfg, results, targets)
     return {"config": cfg, "phases": rows, "targets": targets, "table": table}
 
 
@@ -202,7 +203,7 @@ def eos_table(c: dict[str, Any], results: dict[str, dict[str, Any]], t: dict[str
         f"{c['task']} ({c['split']}), max {c['max_turns']} turns, replies stop at {stops}, at most "
         f"{c['eos_max_new_tokens']} tokens, T={c['eos_temperature']} (seeded per request); "
         f"{c['eos_concurrency']} episodes in flight and {c['eos_concurrency']} batch slots on both "
-        f"drivers, one engine per backend, {c['threads']} threads. batch = one blocking generate per "
+        f"drivers, one engine per backend, torch threads: {c['threads']}. batch = one blocking generate per "
         "turn of every running conversation (today's barrier driver); turns = each conversation's "
         "next turn submitted as its reply returns. Slot utilization = useful generated tokens "
         "(each reply's tokens up to the one that ended it) / (slots x decode steps), from the "
@@ -266,10 +267,13 @@ def _eos_targets_line(t: dict[str, Any]) -> str:
             f"{_met(u, t['turns_utilization_target'])}), tokens/s turns / batch "
             f"{_fmt(x, '.2f')} (target >= 1.5: {_met(x, t['turns_vs_batch_target'])})"
         )
-    parts.append(
-        f"data-parallel {_fmt(t['dp_speedup'], '.2f')}x one process (target >= 1.8: "
-        f"{_met(t['dp_speedup'], t['dp_speedup_target'])})"
-    )
+    if t["dp_speedup"] is None:
+        parts.append("data-parallel: not measured")
+    else:
+        parts.append(
+            f"data-parallel {_fmt(t['dp_speedup'], '.2f')}x one process (target >= 1.8: "
+            f"{_met(t['dp_speedup'], t['dp_speedup_target'])})"
+        )
     return "Targets on the EOS workload: " + "; ".join(parts) + "."
 
 
