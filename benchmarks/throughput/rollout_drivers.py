@@ -95,9 +95,10 @@ def _play(
         temperature=cfg.eos_temperature, max_new_tokens=cfg.eos_max_new_tokens, seed=cfg.seed
     )
     env_kwargs = {"split": cfg.split, "max_turns": cfg.max_turns, "tokenizer": tokenizer}
+    task = make_task(cfg.task)
     started, cpu = time.perf_counter(), cpu_seconds()
     episodes = rollout(
-        make_task(cfg.task),
+        task,
         policy,
         jobs=jobs,
         sampling=sampling,
