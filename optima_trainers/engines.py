@@ -44,6 +44,8 @@ from optima_trainers.memory import release
 
 logger = logging.getLogger(__name__)
 
+SERVER_TIMEOUT_S = 900.0
+"""Seconds the trainer waits for one turn from a server (a read timeout is retried, not failed over)."""
 SERVER_LORA_SUFFIX = "-server-lora"
 """The adapter exported for the servers lies beside its checkpoint, named ``<checkpoint>`` + this."""
 
@@ -148,8 +150,12 @@ class PolicyLoader:
         gen = self.config.generation
         path = resolve_model_path(model)
         if self.engine is None:
-            self.engine = OpenAIChatPolicy(
-                gen.served_model or "", gen.base_urls, max_concurrency=gen.concurrency, prefix_mode="continue"
+            self.engine = OpenAIChatPolicy(  # a turn of max_new_tokens on a busy server may take minutes
+                gen.served_model or "",
+                gen.base_urls,
+                max_concurrency=gen.concurrency,
+                prefix_mode="continue",
+                timeout=SERVER_TIMEOUT_S,
             )
         policy = self.engine
         if self._serving == path:
