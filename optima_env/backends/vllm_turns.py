@@ -151,7 +151,7 @@ class VLLMTurns:
         return done
 
     def abort(self) -> None:
-        """Abort every pending request in the engine and forget it (a driver that stops early calls it)."""
+        """Abort every pending request in the engine and forget it (for a caller that stops polling early)."""
         ids, self._pending, self._failure = list(self._pending), {}, None
         if ids and self.llm is not None:
             try:
