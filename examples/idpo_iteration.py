@@ -1,7 +1,7 @@
 """One iDPO iteration end to end: token normalizer → MCTS trees → pairs → DPO (RPO, α = 1).
 
 Small CPU settings by default (the embedded model and task, a few trees); every stage is the
-library's (:mod:`optima_trainers.mcts`, :mod:`optima_trainers.pairs`, :mod:`optima_trainers.dpo`).
+library's (:mod:`optima_trainers.tree.search`, :mod:`optima_trainers.dpo.pairs`, :mod:`optima_trainers.dpo.trainer`).
 Writes under ``--out`` (default ``runs/idpo_iteration/<time>/``):
 
 * ``normalizer_episodes.jsonl``: the conversations that set the token normalizer (spec §6.3);
@@ -30,11 +30,11 @@ from pathlib import Path
 from optima_env import EpisodeScorer, RewardConfig, make_task
 from optima_env.io import write_episodes, write_json_atomic, write_text_atomic
 from optima_env.policy import SamplingParams
-from optima_trainers.config import GenerationConfig, TreeSearchConfig
-from optima_trainers.dpo import DPOTrainConfig, train_dpo
-from optima_trainers.mcts import build_trees, estimate_token_normalizer
-from optima_trainers.pairs import select_top_pairs
-from optima_trainers.types import write_pairs
+from optima_trainers.config.train import GenerationConfig, TreeSearchConfig
+from optima_trainers.dpo.pairs import select_top_pairs
+from optima_trainers.dpo.records import write_pairs
+from optima_trainers.dpo.trainer import DPOTrainConfig, train_dpo
+from optima_trainers.tree.search import build_trees, estimate_token_normalizer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

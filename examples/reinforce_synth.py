@@ -12,7 +12,7 @@ turns in proportion to the advantage::
     loss = - (R - b) * mean over the agent's own turn tokens of log p(token | context)
 
 Both agents share one model, as in Optima. The per-agent token masks come from
-:func:`optima_trainers.sft_data.tokenize_with_mask` (offsets of the chat template, any template).
+:func:`optima_trainers.sft.data.tokenize_with_mask` (offsets of the chat template, any template).
 
 Example (a few minutes on 2 cores with the embedded SmolLM2-135M)::
 
@@ -30,7 +30,7 @@ import optima_env
 from optima_env.backends.hf import TransformersPolicy
 from optima_env.policy import GenerationRequest, SamplingParams
 from optima_env.types import Episode
-from optima_trainers.sft_data import conversation_messages, tokenize_with_mask
+from optima_trainers.sft.data import conversation_messages, tokenize_with_mask
 
 logger = logging.getLogger("reinforce_synth")
 

@@ -89,7 +89,7 @@ class EpisodeScorer:
         return scored
 
     def __call__(self, episodes: Sequence[Episode]) -> list[float]:
-        """The total rewards (a ``reward_fn`` of :func:`optima_trainers.mcts.build_trees`)."""
+        """The total rewards (a ``reward_fn`` of :func:`optima_trainers.tree.search.build_trees`)."""
         return [e.reward.total for e in self.score(episodes) if e.reward is not None]
 
     @staticmethod

@@ -1,6 +1,6 @@
 """Checks of the paths a user passes on a command line, and the one-writer lock of an output folder.
 
-Every CLI (``optima_trainers.train``, ``benchmarks.run``, ``optima_trainers.export``) checks its
+Every CLI (``optima_trainers.train``, ``benchmarks.run``, ``optima_trainers.cli.export``) checks its
 path-taking flags with these before it loads a model or creates a folder, so a typo is one line
 (what was expected, what was got, what to do) and leaves nothing behind.
 

@@ -81,23 +81,23 @@ class TaskSpec:
 class TrainerSpec:
     """A registered trainer backend (``isft``, ``idpo``, ``isft-dpo`` for the built-ins).
 
-    The host loop (:class:`optima_trainers.loop.IterativeTrainer`) builds the backend with
+    The host loop (:class:`optima_trainers.host.loop.IterativeTrainer`) builds the backend with
     ``factory(config)`` and calls it: ``backend.stages(config)`` (what to generate) and, for each
     stage, ``backend.train(data, context)`` (train and return what it trained); the contract is
-    :class:`optima_trainers.backends.TrainerBackend`.
+    :class:`optima_trainers.backends.contract.TrainerBackend`.
     """
 
     name: str
     """What ``--trainer`` takes: lower case, digits, ``-`` and ``_``."""
     factory: Callable[..., Any]
-    """``factory(config) -> backend``: an :class:`optima_trainers.backends.TrainerBackend`."""
+    """``factory(config) -> backend``: an :class:`optima_trainers.backends.contract.TrainerBackend`."""
     description: str = ""
     """One line shown by ``--help``."""
     config_class: type | None = None
     """The dataclass of the backend's own options (``TrainConfig.options``, set on the command line
     with ``--set options.FIELD=VALUE``); ``None`` when it has none beyond the shared sections."""
     defaults: Overrides = field(default_factory=dict)
-    """Dotted :class:`~optima_trainers.config.TrainConfig` values this backend needs (applied over
+    """Dotted :class:`~optima_trainers.config.train.TrainConfig` values this backend needs (applied over
     the field defaults, before the task's recipe), e.g. ``{"dpo.rpo_alpha": 1.0}``."""
     profiles: Mapping[str, Overrides] = field(default_factory=dict)
     """Extra values per compute profile (``cpu``, ``paper``), applied after the profile's own."""
@@ -120,7 +120,7 @@ class TrainerSpec:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Recipe:
     """A trainer's hyperparameters for one task: what ``resolve_config`` applies for ``task`` and
-    ``trainer`` over the backend's defaults (layer 3 of :mod:`optima_trainers.config`).
+    ``trainer`` over the backend's defaults (layer 3 of :mod:`optima_trainers.config.train`).
 
     Registered through the ``optima_register_recipes`` hook by whoever knows the values: a task
     plugin for the trainers it was tuned with (the built-in tasks carry the paper's recipes for
@@ -135,7 +135,7 @@ class Recipe:
     trainer: str
     """The trainer name it applies to (``isft``, ``rft``, ...)."""
     values: Overrides
-    """Dotted :class:`optima_trainers.config.TrainConfig` names to values (``selection.theta``,
+    """Dotted :class:`optima_trainers.config.train.TrainConfig` names to values (``selection.theta``,
     ``dpo.beta``, ``options.per_instance``, ...); checked when a configuration is resolved."""
     preset: Literal["code", "paper"] = "code"
     """``code``: the recipe (used under both presets); ``paper``: only what the paper's tables

@@ -12,28 +12,22 @@ Everything the README and ``examples/`` import is an attribute of this package (
 load their module on first use. Adapters to other frameworks keep their own public namespace,
 ``optima_trainers.integrations.<framework>`` (e.g. ``integrations.trl`` for TRL's GRPO).
 
-Modules (the folders that group them come with issue 28's next step):
+Subpackages, one per concept (imports run one way: ``cli`` → ``host`` → ``generation`` /
+``backends`` → ``sft`` / ``dpo`` / ``tree`` → ``config``):
 
-* host: :mod:`~optima_trainers.loop` (the host loop), :mod:`~optima_trainers.generation` (its
-  generation context and resumable rollouts), :mod:`~optima_trainers.sample_stage` /
-  :mod:`~optima_trainers.tree_stage` (what a stage generates), :mod:`~optima_trainers.engines`
-  (policies per stage; one vLLM engine per run), :mod:`~optima_trainers.memory` (the memory
-  lifecycle), :mod:`~optima_trainers.hookspecs` (the training events),
-  :mod:`~optima_trainers.runs` / :mod:`~optima_trainers.checkpoint` (persistence and resume),
-  :mod:`~optima_trainers.faults` (fault points for the resume tests),
-  :mod:`~optima_trainers.provenance` (the git commit a run records);
-* contract and backends: :mod:`~optima_trainers.backends` (``TrainerBackend``, ``StageContext``, the
-  built-in backends), :mod:`~optima_trainers.stages` (the records the host and backends exchange),
-  :mod:`~optima_trainers.grpo` (the GRPO backend), :mod:`~optima_trainers.plugin` (registrations);
-* configuration: :mod:`~optima_trainers.config` (the tree, layers, resolution),
-  :mod:`~optima_trainers.sections` (its ``generation`` and ``tree`` sections),
-  :mod:`~optima_trainers.presets` (reward presets, fidelity switches, compute profiles);
-* SFT: :mod:`~optima_trainers.selection`, :mod:`~optima_trainers.sft_data`, :mod:`~optima_trainers.sft`;
-* tree search and DPO: :mod:`~optima_trainers.mcts` (with :mod:`~optima_trainers.mcts_async` and
-  :mod:`~optima_trainers.mcts_reward`), :mod:`~optima_trainers.tree`, :mod:`~optima_trainers.pairs`,
-  :mod:`~optima_trainers.types`, :mod:`~optima_trainers.dpo` (with :mod:`~optima_trainers.dpo_metrics`);
-* command line and tools: :mod:`~optima_trainers.cli` (``train``), :mod:`~optima_trainers.export`,
-  :mod:`~optima_trainers.tracking`; adapters: :mod:`optima_trainers.integrations.trl`.
+* :mod:`optima_trainers.host`: the host loop and its run (folder, checkpoints, stage records,
+  memory lifecycle, tracking, provenance, fault points);
+* :mod:`optima_trainers.generation`: a stage's generation (policies and engines, sampled stages,
+  resumable rollouts and scoring, data-parallel shards);
+* :mod:`optima_trainers.backends`: the backend contract and the built-in backends (iSFT, iDPO,
+  iSFT-DPO, GRPO), registered as a third party's would be;
+* :mod:`optima_trainers.sft`, :mod:`optima_trainers.dpo`, :mod:`optima_trainers.tree`: SFT
+  (selection, masked data, TRL's SFTTrainer), DPO (pairs, TRL's DPOTrainer, its metrics) and the
+  MCTS-style turn tree (nodes, search, scheduler, token normalizer, tree stages);
+* :mod:`optima_trainers.config`: the one configuration tree, its sections and presets;
+* :mod:`optima_trainers.cli`: the command lines (``train``, ``export``);
+* :mod:`optima_trainers.hookspecs`: the training events; :mod:`optima_trainers.integrations`:
+  adapters to other frameworks (TRL's GRPO).
 """
 
 from __future__ import annotations
@@ -41,10 +35,10 @@ from __future__ import annotations
 from typing import Any
 
 from optima_env.errors import CorruptCheckpointError
-from optima_trainers.checkpoint import TrainResult
-from optima_trainers.config import GenerationConfig, TrainConfig, TreeSearchConfig, resolve_config
-from optima_trainers.runs import RunDir
-from optima_trainers.selection import SelectionConfig, select_isft
+from optima_trainers.config.train import GenerationConfig, TrainConfig, TreeSearchConfig, resolve_config
+from optima_trainers.host.checkpoint import TrainResult
+from optima_trainers.host.runs import RunDir
+from optima_trainers.sft.selection import SelectionConfig, select_isft
 
 __all__ = [
     "CorruptCheckpointError",
@@ -79,26 +73,26 @@ __all__ = [
 ]
 
 _LAZY = {  # loaded on first use: these modules reach the host loop and the backends
-    "IterativeTrainer": "optima_trainers.loop",
-    "plan_stages": "optima_trainers.loop",
-    "TrainerBackend": "optima_trainers.backends",
-    "StageContext": "optima_trainers.backends",
-    "ISFTBackend": "optima_trainers.backends",
-    "IDPOBackend": "optima_trainers.backends",
-    "ISFTDPOBackend": "optima_trainers.backends",
-    "sft_stages": "optima_trainers.backends",
-    "train_sft_stage": "optima_trainers.backends",
-    "Stage": "optima_trainers.stages",
-    "StageData": "optima_trainers.stages",
-    "StageOutcome": "optima_trainers.stages",
-    "conversation_messages": "optima_trainers.sft_data",
-    "tokenize_with_mask": "optima_trainers.sft_data",
-    "DPOTrainConfig": "optima_trainers.dpo",
-    "train_dpo": "optima_trainers.dpo",
-    "build_trees": "optima_trainers.mcts",
-    "estimate_token_normalizer": "optima_trainers.mcts_reward",
-    "select_top_pairs": "optima_trainers.pairs",
-    "write_pairs": "optima_trainers.types",
+    "IterativeTrainer": "optima_trainers.host.loop",
+    "plan_stages": "optima_trainers.host.loop",
+    "TrainerBackend": "optima_trainers.backends.contract",
+    "StageContext": "optima_trainers.backends.contract",
+    "ISFTBackend": "optima_trainers.backends.contract",
+    "IDPOBackend": "optima_trainers.backends.contract",
+    "ISFTDPOBackend": "optima_trainers.backends.contract",
+    "sft_stages": "optima_trainers.backends.contract",
+    "train_sft_stage": "optima_trainers.backends.contract",
+    "Stage": "optima_trainers.host.stages",
+    "StageData": "optima_trainers.host.stages",
+    "StageOutcome": "optima_trainers.host.stages",
+    "conversation_messages": "optima_trainers.sft.data",
+    "tokenize_with_mask": "optima_trainers.sft.data",
+    "DPOTrainConfig": "optima_trainers.dpo.trainer",
+    "train_dpo": "optima_trainers.dpo.trainer",
+    "build_trees": "optima_trainers.tree.search",
+    "estimate_token_normalizer": "optima_trainers.tree.normalizer",
+    "select_top_pairs": "optima_trainers.dpo.pairs",
+    "write_pairs": "optima_trainers.dpo.records",
 }
 
 

@@ -1,10 +1,10 @@
 """The training events: typed hookspecs that the host loop fires and observers implement.
 
-The host (:class:`optima_trainers.loop.IterativeTrainer`) adds these specs to the run's plugin
+The host (:class:`optima_trainers.host.loop.IterativeTrainer`) adds these specs to the run's plugin
 manager (:func:`add_trainer_hookspecs`) and fires them; observers (the metrics tracker, a user's
 plugin, a backend that wants to see episodes as they are scored) implement them with the same
 ``optima_env.hookimpl`` marker as every other hook. A backend is not reached through hooks: the host
-calls its methods (:class:`optima_trainers.backends.TrainerBackend`).
+calls its methods (:class:`optima_trainers.backends.contract.TrainerBackend`).
 
     ``optima_iteration_start``, ``optima_iteration_end``     around each stage
     ``optima_episode_scored``                                  each episode, with the run's reward
@@ -23,7 +23,7 @@ import pluggy
 
 from optima_env.hookspecs import hookspec
 from optima_env.types import Episode
-from optima_trainers.stages import Stage, StageData
+from optima_trainers.host.stages import Stage, StageData
 
 __all__ = [
     "add_trainer_hookspecs",
@@ -83,7 +83,7 @@ def optima_generation_end(stage: Stage, data: StageData) -> None:
 
     ``data`` holds every scored episode, the selected ones (sampled stages) and the preference pairs
     (tree stages), read back from the stage folder; the host passes the same record to the
-    backend's :meth:`~optima_trainers.backends.TrainerBackend.train`. Fired on every process that
+    backend's :meth:`~optima_trainers.backends.contract.TrainerBackend.train`. Fired on every process that
     trains, and again when a resumed run trains a stage generated before the interruption. The
     return value is ignored.
     """
@@ -95,7 +95,7 @@ def optima_deliver_weights(checkpoint: str, base_urls: Sequence[str]) -> str | N
     and return the model name to request from them (``None``: this plugin does not deliver it).
 
     Called with ``generation.backend="openai"`` and ``generation.server_weights="hook"``
-    (:mod:`optima_trainers.engines`) before each stage generates, with the model that stage
+    (:mod:`optima_trainers.generation.engines`) before each stage generates, with the model that stage
     generates with (the starting model at the first stage, then each trained checkpoint: a full
     merged model folder). vLLM cannot swap a running server's full weights, so a plugin restarts
     its servers on the new folder (or uses its own weight-update endpoint) and returns once they

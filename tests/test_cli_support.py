@@ -187,10 +187,10 @@ def _commands() -> list[tuple[str, argparse.ArgumentParser, set[str]]]:
     from benchmarks.args import build_parser as bench_parser
     from benchmarks.throughput.rollout_bench import SuiteConfig
     from benchmarks.throughput.rollout_bench import build_parser as rollout_parser
-    from optima_trainers.cli import build_parser as train_parser
-    from optima_trainers.config import TrainConfig
-    from optima_trainers.export import ExportArgs
-    from optima_trainers.export import build_parser as export_parser
+    from optima_trainers.cli.export import ExportArgs
+    from optima_trainers.cli.export import build_parser as export_parser
+    from optima_trainers.cli.train import build_parser as train_parser
+    from optima_trainers.config.train import TrainConfig
 
     def names(*classes: type) -> set[str]:
         out = set()
@@ -223,8 +223,8 @@ def test_no_command_declares_a_configuration_flag_by_hand() -> None:
 
 def test_the_trainers_flags_show_their_fields_docstrings() -> None:
     from optima_env.configtree import describe
-    from optima_trainers.cli import FLAGS
-    from optima_trainers.config import TrainConfig
+    from optima_trainers.cli.train import FLAGS
+    from optima_trainers.config.train import TrainConfig
 
     parser = _commands()[0][1]
     helps = {o: a.help.replace("%%", "%") for a in parser._actions for o in a.option_strings}
@@ -240,7 +240,7 @@ def test_no_progress_holds_for_one_command_and_leaves_the_environment_as_it_was(
     import os
 
     from optima_env.cli_support import progress_silenced
-    from optima_trainers.cli import main
+    from optima_trainers.cli.train import main
 
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")

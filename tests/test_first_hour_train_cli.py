@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from optima_trainers.config import resolve_config
-from optima_trainers.runs import RunDir
+from optima_trainers.config.train import resolve_config
+from optima_trainers.host.runs import RunDir
 from tests.helpers import REPO_ROOT
 from tests.optima_trainers.tiny_model import make_tiny_model
 
@@ -107,7 +107,7 @@ def test_default_run_names_never_collide(tmp_path) -> None:
 def test_a_run_folder_has_one_writer(tmp_path) -> None:
     run = RunDir.create(resolve_config("ie/synth-v0", "isft", profile="cpu"), run_dir=tmp_path / "run")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys,time; from optima_trainers.runs import RunDir\n"
+        [sys.executable, "-c", "import sys,time; from optima_trainers.host.runs import RunDir\n"
          "with RunDir(sys.argv[1]).lock():\n print('held', flush=True); time.sleep(60)", str(run.root)],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True, env=env(),
     )  # fmt: skip
@@ -134,14 +134,14 @@ def test_the_export_cli_answers_bad_flags_in_one_line(tmp_path, tiny) -> None:
     ]
     for argv, message in cases:
         proc = subprocess.run(
-            [sys.executable, "-m", "optima_trainers.export", "--out", "adapter", *argv],
+            [sys.executable, "-m", "optima_trainers.cli.export", "--out", "adapter", *argv],
             cwd=tmp_path, capture_output=True, text=True, timeout=300,
             env={**env(), "PYTHONPATH": str(REPO_ROOT)},
         )  # fmt: skip
         assert message in one_error_line(proc), argv
         assert not (tmp_path / "adapter").exists()
     proc = subprocess.run(
-        [sys.executable, "-m", "optima_trainers.export", "--model", str(tiny), "--out", "afile"],
+        [sys.executable, "-m", "optima_trainers.cli.export", "--model", str(tiny), "--out", "afile"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
         env={**env(), "PYTHONPATH": str(REPO_ROOT)},
     )  # fmt: skip

@@ -9,7 +9,6 @@ cannot go stale silently: a ``# size:`` comment on a function within the limits 
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from tests.helpers import REPO_ROOT
 

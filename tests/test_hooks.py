@@ -104,8 +104,8 @@ def test_hook_optima_register_readability_scorers() -> None:
     specs = readability_specs(pm)
     assert specs["constant"].factory("any-model")(["a", "b"]) == [2.0, 2.0]
 
-    from optima_trainers.config import resolve_config
-    from optima_trainers.generation import load_readability_scorer
+    from optima_trainers.config.train import resolve_config
+    from optima_trainers.generation.rollouts import load_readability_scorer
 
     config = resolve_config("ie/synth-v0", "isft", readability_scorer="constant")
     assert load_readability_scorer(config, pm)(["x"]) == [2.0]

@@ -91,12 +91,12 @@ def unreachable(pairs: list[tuple[str, str]]) -> list[str]:
 
 def test_the_parsers_see_the_imports() -> None:
     code = (
-        "import optima_env\nimport optima_trainers.loop\nfrom optima_env.policy import A, B\nimport os.path\n"
+        "import optima_env\nimport optima_trainers.host.loop\nfrom optima_env.policy import A, B\nimport os.path\n"
     )
     assert sorted(imported_names(code)) == [
         ("optima_env.policy", "A"),
         ("optima_env.policy", "B"),
-        ("optima_trainers", "loop"),
+        ("optima_trainers.host", "loop"),
     ]
     pairs = readme_imports()
     assert ("optima_env", "SamplingParams") in pairs and ("optima_env", "check_task") in pairs

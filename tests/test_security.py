@@ -113,9 +113,9 @@ def test_episodes_generated_with_a_keyed_server_hold_no_api_key(tmp_path: Path, 
     from optima_env.policy import SamplingParams
     from optima_env.registry import make_task
     from optima_env.rollout import make_jobs
-    from optima_trainers.config import resolve_config
-    from optima_trainers.generation import resumable_rollout
-    from optima_trainers.runs import RunDir
+    from optima_trainers.config.train import resolve_config
+    from optima_trainers.generation.rollouts import resumable_rollout
+    from optima_trainers.host.runs import RunDir
     from tests.optima_env.test_backends_openai import StubServer, echo, fast_policy
 
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)

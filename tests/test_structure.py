@@ -88,7 +88,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycles() -> None:
     graph = _graph()
-    assert graph["optima_trainers.loop"] >= {"optima_trainers.tree_stage", "optima_trainers.sample_stage"}
+    assert graph["optima_trainers.host.loop"] >= {"optima_trainers.tree.stage", "optima_trainers.generation.samples"}
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
 
 
@@ -292,7 +292,7 @@ def _configuration_tree() -> set[tuple[str, str]]:
     import typing
 
     from optima_env.registry import get_plugin_manager
-    from optima_trainers.config import TrainConfig
+    from optima_trainers.config.train import TrainConfig
 
     roots: list[type] = [TrainConfig]
     specs = [spec for specs in get_plugin_manager().hook.optima_register_trainers() for spec in specs]
@@ -358,7 +358,7 @@ def test_no_configuration_setting_is_declared_twice() -> None:
     modules = {n: p for n, p in _modules().items() if n.split(".")[0] in ("optima_env", "optima_trainers")}
     fields = _dataclass_fields({n: p.read_text(encoding="utf-8") for n, p in modules.items()})
     tree = _configuration_tree()
-    assert ("optima_trainers.config", "TrainConfig") in tree
+    assert ("optima_trainers.config.train", "TrainConfig") in tree
     unread = {c for c in tree - set(fields) if c[0].startswith(("optima_env.", "optima_trainers."))}
     assert not unread, f"sections of the configuration whose source was not read: {unread}"
     duplicates = _settings_declared_twice(fields, tree)

@@ -14,7 +14,7 @@ setting where no agent can answer alone, then HotpotQA when its data is present)
    number of iterations may change).
 2. **export** each run's final model as a small LoRA adapter (``<out>/adapters/<task>/<trainer>``:
    fp16, rank 8, with a manifest of the command, git commit, config and sha256;
-   :func:`optima_trainers.export.export_lora`); these are the committed adapters that the
+   :func:`optima_trainers.cli.export.export_lora`); these are the committed adapters that the
    README's main command evaluates.
 3. **evaluate** on held-out instances (the test split; HotpotQA's is the dev set), greedy, with the
    same caps for every system: every stage of every run on the first ``stage_instances``, beside

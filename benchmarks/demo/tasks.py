@@ -52,7 +52,7 @@ class DemoTask:
     trainers: tuple[str, ...] = TRAINERS
     """The trainer backends trained on this task."""
     train: Mapping[str, Any] = field(default_factory=dict)
-    """Dotted :class:`~optima_trainers.config.TrainConfig` overrides on the cpu profile, shared by
+    """Dotted :class:`~optima_trainers.config.train.TrainConfig` overrides on the cpu profile, shared by
     every trainer (the initialization, M_0, is then the same stage for all three and is trained once)."""
     train_by_trainer: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per-trainer overrides on top of :attr:`train` (e.g. the number of iterations)."""

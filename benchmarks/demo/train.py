@@ -69,7 +69,7 @@ def _plain(value: Any) -> Any:
 
 
 def _config(spec: DemoTask, trainer: str) -> Any:
-    from optima_trainers.config import resolve_config
+    from optima_trainers.config.train import resolve_config
 
     return resolve_config(
         spec.task,
@@ -91,8 +91,8 @@ def train_run(
 ) -> TrainedRun:
     """Train (or resume) one run in ``root/train/<trainer>``; its initialization is copied from
     ``first`` when they agree."""
-    from optima_trainers.loop import IterativeTrainer, plan_stages
-    from optima_trainers.runs import RunDir, read_stage_result
+    from optima_trainers.host.loop import IterativeTrainer, plan_stages
+    from optima_trainers.host.runs import RunDir, read_stage_result
 
     folder = root / "train" / trainer
     config = _config(spec, trainer)
@@ -125,7 +125,7 @@ def train_run(
 def export_run(
     spec: DemoTask, out: Path, run: TrainedRun, *, command: str, git_commit: str
 ) -> dict[str, Any]:
-    from optima_trainers.export import export_lora
+    from optima_trainers.cli.export import export_lora
 
     stage, checkpoint = run.stages[-1]
     return export_lora(

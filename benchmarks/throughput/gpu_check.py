@@ -8,10 +8,10 @@ code on it, in the loop's order:
 
 * ``readability``: :class:`optima_env.readability.TransformersLMLoss` with the built model (the
   loop's frozen base model) on 64 turns of up to 2,000 tokens (the paper profile's longest turn);
-* ``sft_stage_1`` and ``sft_stage_2``: two LoRA SFT stages of :func:`optima_trainers.sft.train_sft`
+* ``sft_stage_1`` and ``sft_stage_2``: two LoRA SFT stages of :func:`optima_trainers.sft.trainer.train_sft`
   (the ``paper`` profile's ``sft`` section: 2,048-token examples, LoRA, gradient checkpointing as
   the config resolves it on the device, bf16), the second starting from the first's checkpoint;
-* ``dpo_step``: one step of :func:`optima_trainers.dpo.train_dpo` on one pair of 2 x 2,048 tokens.
+* ``dpo_step``: one step of :func:`optima_trainers.dpo.trainer.train_dpo` on one pair of 2 x 2,048 tokens.
 
 After each stage it records where an engine would start: the free memory (``mem_get_info``) as the
 trainer left it, then after ``gc.collect()`` and ``torch.cuda.empty_cache()`` (what vLLM V1's worker
@@ -173,7 +173,7 @@ def _chat_tokens(tokenizer: Any, messages: list[dict[str, str]]) -> int:
 def dpo_pair(tokenizer: Any, plan: Plan) -> tuple[Any, dict[str, int]]:
     """One preference pair whose prompt + chosen and prompt + rejected each render to about
     ``plan.dpo_tokens`` tokens under the chat template (the counts are returned)."""
-    from optima_trainers.types import PreferencePair
+    from optima_trainers.dpo.records import PreferencePair
 
     def build(prompt_tokens: int) -> Any:
         prompt = ({"role": "system", "content": _text(tokenizer, 16, 0)},
@@ -199,9 +199,9 @@ class Check:
     """The phases and what they share (paths of the model folders, the configuration)."""
 
     def __init__(self, rec: Recorder, plan: Plan, tokenizer_path: Path, work: Path) -> None:
-        from optima_trainers.config import TrainConfig
-        from optima_trainers.presets import PROFILES
-        from optima_trainers.sft import checkpointing_for
+        from optima_trainers.config.presets import PROFILES
+        from optima_trainers.config.train import TrainConfig
+        from optima_trainers.sft.trainer import checkpointing_for
 
         self.rec, self.plan, self.work, self.torch = rec, plan, work, rec.torch
         self.tokenizer = require("transformers", "train").AutoTokenizer.from_pretrained(tokenizer_path)
@@ -257,8 +257,8 @@ class Check:
 
     def sft_stage(self, index: int) -> Callable[[dict[str, Any]], None]:
         def body(record: dict[str, Any]) -> None:
-            from optima_trainers.sft import train_sft
-            from optima_trainers.sft_data import MaskedExample
+            from optima_trainers.sft.data import MaskedExample
+            from optima_trainers.sft.trainer import train_sft
 
             rng, n = random.Random(index), self.plan.sft_tokens
             vocab = len(self.tokenizer)
@@ -280,7 +280,7 @@ class Check:
         return body
 
     def dpo_step(self, record: dict[str, Any]) -> None:
-        from optima_trainers.dpo import train_dpo
+        from optima_trainers.dpo.trainer import train_dpo
 
         pair, lengths = dpo_pair(self.tokenizer, self.plan)
         target = self.work / "dpo"

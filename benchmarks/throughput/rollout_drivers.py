@@ -21,7 +21,7 @@ ends them (end of sequence, no ``ignore_eos``; also at a speaker's ``"Name:"`` t
   :class:`~optima_env.backends.vllm_turns.VLLMTurns`'s own counters on the turns driver.
 * ``dp_engine``: the same jobs on the transformers engine, turns driver, one torch thread per
   process: one process playing every job, then ``dp_processes`` processes each playing its shard
-  (:meth:`optima_trainers.shards.Shard.split`, the trainer's split) with its own engine. Each rank
+  (:meth:`optima_trainers.generation.shards.Shard.split`, the trainer's split) with its own engine. Each rank
   loads its model, waits for the others (a file barrier), then plays; the wall time is from the
   first rank's start to the last rank's end. Speedup = tokens/s of the processes together over
   one process's.
@@ -333,7 +333,7 @@ def _rank(folder: Path, rank: int, world: int) -> None:
     import torch
 
     from optima_env.backends.hf import DecodeStats, TransformersPolicy
-    from optima_trainers.shards import Shard
+    from optima_trainers.generation.shards import Shard
 
     torch.set_num_threads(1)
     cfg = SimpleNamespace(**json.loads((folder / "config.json").read_text(encoding="utf-8")))

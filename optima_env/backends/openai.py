@@ -37,7 +37,7 @@ with the model's tokenizer, so counts do not depend on the backend that produced
 ``SamplingParams.ignore_eos`` is sent as vLLM's ``ignore_eos`` extension; ``seed`` and ``stop`` are
 standard fields.
 
-Weights that change at run time (the trainer, :mod:`optima_trainers.engines`): :meth:`serve`
+Weights that change at run time (the trainer, :mod:`optima_trainers.generation.engines`): :meth:`serve`
 switches the model name the requests ask for, and with ``adapter=`` first loads a PEFT LoRA
 adapter on every live replica under that name (vLLM's runtime LoRA,
 :mod:`optima_env.backends.openai_http`); a replica that answers 404 for it later (restarted

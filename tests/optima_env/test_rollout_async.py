@@ -21,8 +21,8 @@ from optima_env.errors import TaskContractError
 from optima_env.policy import GenerationRequest, SamplingParams, ScriptedPolicy
 from optima_env.rollout import DEFAULT_CONCURRENCY, RolloutError, RolloutJob, job_seed, make_jobs, rollout
 from optima_env.types import Episode
-from optima_trainers.config import GenerationConfig, TreeSearchConfig
-from optima_trainers.mcts import build_trees
+from optima_trainers.config.train import GenerationConfig, TreeSearchConfig
+from optima_trainers.tree.search import build_trees
 from tests.helpers import TinyTask
 
 

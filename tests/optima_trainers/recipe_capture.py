@@ -34,7 +34,7 @@ def resolve_all() -> dict[str, dict[str, Any]]:
     import optima_task_template
 
     from optima_env.registry import get_plugin_manager, task_specs, trainer_specs
-    from optima_trainers.config import PROFILES, resolve_config
+    from optima_trainers.config.train import PROFILES, resolve_config
 
     pm = get_plugin_manager()
     pm.register(optima_task_template, name="template")

@@ -11,8 +11,8 @@ from optima_env import TrainerSpec, hookimpl
 from optima_env.errors import PluginError
 from optima_env.registry import get_plugin_manager, task_specs, trainer_specs
 from optima_trainers import IterativeTrainer, RunDir, resolve_config
-from optima_trainers.backends import StageContext, TrainerBackend
-from optima_trainers.stages import Stage, StageData, StageOutcome
+from optima_trainers.backends.contract import StageContext, TrainerBackend
+from optima_trainers.host.stages import Stage, StageData, StageOutcome
 
 
 class Recording(TrainerBackend):
@@ -67,7 +67,7 @@ def test_a_factory_that_does_not_build_a_backend_is_refused(tmp_path: Path) -> N
         def __init__(self, config) -> None:
             pass
 
-    with pytest.raises(PluginError, match="expected an optima_trainers.backends.TrainerBackend"):
+    with pytest.raises(PluginError, match="expected an optima_trainers.backends.contract.TrainerBackend"):
         _trainer(tmp_path, NotABackend)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from optima_trainers import checkpoint
+from optima_trainers.host import checkpoint
 
 
 def test_each_checkpoint_file_is_hashed_once_in_a_two_stage_run(tmp_path, monkeypatch) -> None:

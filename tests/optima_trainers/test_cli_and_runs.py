@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from optima_env.errors import DataError, OptimaError, TaskContractError
-from optima_trainers.checkpoint import (
+from optima_trainers.cli.train import main
+from optima_trainers.config.train import TrainConfig, resolve_config
+from optima_trainers.host.checkpoint import (
     COMPLETE_MARKER,
     CorruptCheckpointError,
     TrainResult,
@@ -18,9 +20,7 @@ from optima_trainers.checkpoint import (
     is_complete,
     require_complete,
 )
-from optima_trainers.cli import main
-from optima_trainers.config import TrainConfig, resolve_config
-from optima_trainers.runs import RunDir
+from optima_trainers.host.runs import RunDir
 from tests.helpers import REPO_ROOT
 
 
@@ -191,7 +191,7 @@ def test_resume_refuses_a_corrupt_checkpoint_before_loading_it(tmp_path: Path) -
     """A finished stage whose checkpoint was truncated afterwards stops the resumed run with the fix."""
     import json
 
-    from optima_trainers.loop import IterativeTrainer
+    from optima_trainers.host.loop import IterativeTrainer
 
     config = resolve_config("ie/synth-v0", "isft", iterations=2, model=str(tmp_path / "base"))
     run = RunDir.create(config, run_dir=tmp_path / "run")
@@ -222,7 +222,7 @@ def test_open_or_create_reopens_a_run_of_the_same_settings_and_names_each_confli
 
 def test_adopt_stage_takes_another_runs_finished_stage_whole_and_says_where_from(tmp_path: Path) -> None:
     from optima_env.io import write_json_atomic
-    from optima_trainers.runs import read_stage_result
+    from optima_trainers.host.runs import read_stage_result
 
     config = resolve_config("ie/synth-v0", "isft", seed=3)
     source = RunDir.create(config, run_dir=tmp_path / "isft")

@@ -9,8 +9,8 @@ import pytest
 
 from optima_env import TaskSpec, get_plugin_manager
 from optima_env.configtree import ConfigError
-from optima_trainers.config import TrainConfig, resolve_config
-from optima_trainers.loop import plan_stages
+from optima_trainers.config.train import TrainConfig, resolve_config
+from optima_trainers.host.loop import plan_stages
 from tests.helpers import TinyTask as ToyTask
 
 
@@ -186,7 +186,7 @@ def test_the_ctranslate2_engine_is_an_option_not_the_cpu_default(monkeypatch) ->
     "Performance"); CTranslate2 is one mapping away, and reported missing when not installed."""
     import importlib.util
 
-    from optima_trainers.presets import CPU_ENGINE, fast_cpu_engine
+    from optima_trainers.config.presets import CPU_ENGINE, fast_cpu_engine
 
     cpu = resolve_config("ie/synth-v0", "isft", profile="cpu")
     assert (cpu.generation.backend, cpu.readability_scorer) == ("hf", "transformers")

@@ -8,7 +8,7 @@ appended ``episodes.jsonl`` and ``normalizer.jsonl`` hold the same episodes per 
 once gathered; every other file is equal line by line), both ranks logged their shards, no shard
 file is left; a run whose rank 1 is SIGKILLed after its first episode resumes to the same data;
 and on rank 1 the first stage's SFT model and trainer are gone when the second stage's data
-arrives (:mod:`optima_trainers.memory`).
+arrives (:mod:`optima_trainers.host.memory`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from optima_trainers.shards import Shard, collect, discard_shards, fold, own_file, play_shard, shard_files
+from optima_trainers.generation.shards import (
+    Shard,
+    collect,
+    discard_shards,
+    fold,
+    own_file,
+    play_shard,
+    shard_files,
+)
 from tests.helpers import REPO_ROOT
 from tests.optima_trainers.test_multiprocess import ARGS, CONFIG, DATA_FILES, STAGES, _free_port, lines
 from tests.optima_trainers.tiny_model import make_tiny_model

@@ -8,15 +8,15 @@ import math
 import pytest
 
 from optima_env.errors import DataError, TaskContractError
-from optima_trainers.checkpoint import COMPLETE_MARKER, is_complete, require_complete
-from optima_trainers.types import PreferencePair
+from optima_trainers.dpo.records import PreferencePair
+from optima_trainers.host.checkpoint import COMPLETE_MARKER, is_complete, require_complete
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from optima_trainers.dpo import LOG_FILE, DPOTrainConfig, dpo_args, train_dpo  # noqa: E402
+from optima_trainers.dpo.trainer import LOG_FILE, DPOTrainConfig, dpo_args, train_dpo  # noqa: E402
 
 
 def make_pairs(n: int) -> list[PreferencePair]:
@@ -154,7 +154,7 @@ def test_one_rpo_iteration_on_the_embedded_model_changes_the_weights(embedded, t
 
 
 def test_every_step_and_the_held_out_pairs_are_recorded_and_read_back(tiny_model_dir, tmp_path) -> None:
-    from optima_trainers.dpo_metrics import DPO_METRICS
+    from optima_trainers.dpo.metrics import DPO_METRICS
 
     config = DPOTrainConfig.cpu(learning_rate=1e-3, rpo_alpha=1.0, max_length=256, epochs=2.0)
     out = tmp_path / "watched"
@@ -217,7 +217,7 @@ def test_a_record_without_history_still_reads(tiny_model_dir, tmp_path) -> None:
 def test_the_dpo_metrics_doctests_pass() -> None:
     import doctest
 
-    from optima_trainers import dpo_metrics
+    from optima_trainers.dpo import metrics as dpo_metrics
 
     result = doctest.testmod(dpo_metrics)
     assert result.attempted and result.failed == 0

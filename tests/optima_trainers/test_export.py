@@ -1,4 +1,4 @@
-"""``optima_trainers.export``: a LoRA adapter extracted from (trained − base) weights.
+"""``optima_trainers.cli.export``: a LoRA adapter extracted from (trained − base) weights.
 
 The "trained" model is the tiny random Llama (tied embeddings) plus a known rank-2 delta on
 ``q_proj`` of layer 0 (64 × 64) and ``down_proj`` of layer 1 (64 × 128).
@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from optima_env.backends.peft_adapter import content_hash, file_sha256  # noqa: E402
-from optima_trainers.export import export_lora, main  # noqa: E402
+from optima_trainers.cli.export import export_lora, main  # noqa: E402
 from tests.optima_trainers.tiny_model import add_low_rank_delta, make_tiny_model  # noqa: E402
 
 MODULES = ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj")
@@ -41,7 +41,7 @@ def pair(tmp_path_factory):
 def test_the_manifest_describes_the_adapter(pair, tmp_path) -> None:
     base, trained = pair
     out = tmp_path / "adapter"
-    provenance = {"command": "python -m optima_trainers.export ...", "git_commit": "abc", "stage": "iter_02"}
+    provenance = {"command": "python -m optima_trainers.cli.export ...", "git_commit": "abc", "stage": "iter_02"}
     manifest = export_lora(str(base), trained, out, rank=4, provenance=provenance)
     assert json.loads((out / "manifest.json").read_text()) == manifest
     assert manifest["format"] == 1 and manifest["base_model"] == str(base)
@@ -84,7 +84,7 @@ def test_a_rerun_returns_the_export_without_rewriting_it(pair, tmp_path, caplog)
     out = tmp_path / "adapter"
     first = export_lora(str(base), trained, out, rank=2)
     stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    with caplog.at_level(logging.INFO, logger="optima_trainers.export"):
+    with caplog.at_level(logging.INFO, logger="optima_trainers.cli.export"):
         again = export_lora(str(base), trained, out, rank=2, provenance={"ignored": True})
     assert again == first and {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
     assert any("already holds this export" in r.getMessage() for r in caplog.records)
@@ -139,13 +139,13 @@ def test_the_command_line_round_trip(pair, tmp_path, capsys) -> None:
     printed = capsys.readouterr().out
     assert "rank-2 float16 LoRA of 2 modules" in printed and str(out) in printed
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["provenance"]["command"].startswith("python -m optima_trainers.export --base ")
+    assert manifest["provenance"]["command"].startswith("python -m optima_trainers.cli.export --base ")
     assert manifest["provenance"]["model"] == str(trained) and "git_commit" in manifest["provenance"]
     done = subprocess.run(
         [
             sys.executable,
             "-m",
-            "optima_trainers.export",
+            "optima_trainers.cli.export",
             "--model",
             str(tmp_path / "missing"),
             "--out",

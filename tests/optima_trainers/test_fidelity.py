@@ -12,11 +12,11 @@ from optima_env.episode_scorer import EpisodeScorer
 from optima_env.policy import ScriptedPolicy
 from optima_env.reward import RewardBreakdown, RewardConfig, percentile_normalizer
 from optima_env.types import Episode
-from optima_trainers.config import FIDELITY_PRESETS, GenerationConfig, TreeSearchConfig, resolve_config
-from optima_trainers.mcts import Tree, build_trees, select_node
-from optima_trainers.pairs import select_top_pairs
-from optima_trainers.selection import SelectionConfig, draw_sample_id, select_isft
-from optima_trainers.tree import normalized_edit_distance
+from optima_trainers.config.train import FIDELITY_PRESETS, GenerationConfig, TreeSearchConfig, resolve_config
+from optima_trainers.dpo.pairs import select_top_pairs
+from optima_trainers.sft.selection import SelectionConfig, draw_sample_id, select_isft
+from optima_trainers.tree.nodes import normalized_edit_distance
+from optima_trainers.tree.search import Tree, build_trees, select_node
 from tests.helpers import TinyTask
 from tests.optima_trainers.test_mcts import A1, B_LYON, CountingScript, answer_reward, episode, node
 
@@ -45,7 +45,7 @@ def test_the_paper_preset_applies_every_section_13_switch_and_code_keeps_the_def
 
 
 def test_the_switches_are_reachable_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    from optima_trainers.cli import main
+    from optima_trainers.cli.train import main
 
     assert main(["--task", "synth", "--trainer", "idpo", "--print-config"]) == 0
     default = json.loads(capsys.readouterr().out)
@@ -198,9 +198,9 @@ def test_every_draw_is_its_own_tree() -> None:
 def generation_context(task, config, folder: Path, policy, *, num_train: int, generate: str = "samples"):
     """The host's generation context around a given policy (the built-in selection, no readability model)."""
     from optima_env.registry import get_plugin_manager
-    from optima_trainers.generation import GenerationContext
+    from optima_trainers.generation.rollouts import GenerationContext
     from optima_trainers.hookspecs import add_trainer_hookspecs
-    from optima_trainers.stages import Stage
+    from optima_trainers.host.stages import Stage
 
     return GenerationContext(
         task=task, config=config, stage=Stage(name="iter_00", kind="test", number=0, generate=generate),
@@ -214,7 +214,7 @@ def generation_context(task, config, folder: Path, policy, *, num_train: int, ge
 def test_a_sampled_stage_with_more_draws_than_rows_keeps_each_draw_and_resumes(tmp_path: Path) -> None:
     from optima_task_synth import SyntheticChainTask
 
-    from optima_trainers.sample_stage import generate_sample_stage, read_sample_stage
+    from optima_trainers.generation.samples import generate_sample_stage, read_sample_stage
 
     task = SyntheticChainTask(train_size=3)
     task.bind("ie/synth-v0")
@@ -252,7 +252,7 @@ def test_a_sampled_stage_with_more_draws_than_rows_keeps_each_draw_and_resumes(t
 def test_the_tree_stage_samples_with_the_runs_stops_and_top_p(tmp_path: Path) -> None:
     from optima_task_synth import SyntheticChainTask
 
-    from optima_trainers.tree_stage import generate_tree_stage
+    from optima_trainers.tree.stage import generate_tree_stage
 
     class Recording:
         def __init__(self) -> None:

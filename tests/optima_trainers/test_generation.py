@@ -13,7 +13,7 @@ from optima_env.errors import DataError
 from optima_env.policy import GenerationRequest, SamplingParams, ScriptedPolicy
 from optima_env.reward import RewardConfig
 from optima_env.rollout import make_jobs
-from optima_trainers.generation import resumable_rollout
+from optima_trainers.generation.rollouts import resumable_rollout
 
 
 def reply(request: GenerationRequest) -> str:

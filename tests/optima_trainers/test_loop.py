@@ -16,7 +16,7 @@ import pytest
 from optima_env import get_plugin_manager, hookimpl
 from optima_env.io import read_episodes
 from optima_trainers import IterativeTrainer, RunDir, resolve_config
-from optima_trainers.stages import Stage, StageData
+from optima_trainers.host.stages import Stage, StageData
 from tests.optima_trainers.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -202,7 +202,7 @@ def test_hook_optima_select_training_data(idpo_run) -> None:
 
 def test_the_run_plays_the_stages_its_backend_declares(idpo_run) -> None:
     _, config, _, metrics = idpo_run
-    from optima_trainers.backends import IDPOBackend
+    from optima_trainers.backends.contract import IDPOBackend
 
     stages = IDPOBackend(config).stages(config)  # what the run asked for
     assert [(s.name, s.generate, s.start) for s in stages] == [

@@ -19,10 +19,10 @@ from optima_env.policy import GenerationRequest, ScriptedPolicy
 from optima_env.reward import RewardConfig, score_episode
 from optima_env.rollout import run_episode
 from optima_env.types import Episode
-from optima_trainers.config import GenerationConfig, TreeSearchConfig
-from optima_trainers.mcts import Tree, build_trees, select_node
-from optima_trainers.pairs import select_top_pairs
-from optima_trainers.tree import normalized_edit_distance
+from optima_trainers.config.train import GenerationConfig, TreeSearchConfig
+from optima_trainers.dpo.pairs import select_top_pairs
+from optima_trainers.tree.nodes import normalized_edit_distance
+from optima_trainers.tree.search import Tree, build_trees, select_node
 from tests.helpers import TinyTask
 
 # -- a scripted conversation: replies are a function of (speaker's prompt, path) and a call counter --

@@ -1,5 +1,5 @@
 """The tree search's scheduling: every tree expands on its own in one shared generation batch
-(:mod:`optima_trainers.mcts_async`), and the rollout engine's ``refill`` hook under it."""
+(:mod:`optima_trainers.tree.scheduler`), and the rollout engine's ``refill`` hook under it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from optima_env.errors import TaskContractError
 from optima_env.policy import GenerationRequest, SamplingParams, ScriptedPolicy, request_seed
 from optima_env.rollout import RolloutError, RolloutJob, job_seed, make_jobs, rollout
 from optima_env.types import Episode
-from optima_trainers.config import GenerationConfig, TreeSearchConfig
-from optima_trainers.mcts import Tree, build_trees
+from optima_trainers.config.train import GenerationConfig, TreeSearchConfig
+from optima_trainers.tree.search import Tree, build_trees
 from tests.helpers import FailingAfter, TinyTask
 
 LONG_TURN = "Alice: " + "word " * 40  # over the turn cap below: the episode ends after this turn

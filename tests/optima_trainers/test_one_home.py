@@ -15,8 +15,8 @@ import pytest
 
 from optima_env.io import read_episodes
 from optima_env.types import Episode
-from optima_trainers.cli import main
-from optima_trainers.config import TrainConfig, TreeSearchConfig, resolve_config
+from optima_trainers.cli.train import main
+from optima_trainers.config.train import TrainConfig, TreeSearchConfig, resolve_config
 from tests.optima_trainers.tiny_model import make_tiny_model
 
 SETS = {
@@ -108,9 +108,9 @@ def test_trees_built_through_the_python_api_equal_the_runs_tree_stage(idpo_run: 
     from optima_env.episode_scorer import EpisodeScorer
     from optima_env.registry import get_plugin_manager, make_task
     from optima_env.reward import percentile_normalizer
-    from optima_trainers.generation import load_readability_scorer
-    from optima_trainers.mcts import build_trees
-    from optima_trainers.stages import stage_seed
+    from optima_trainers.generation.rollouts import load_readability_scorer
+    from optima_trainers.host.stages import stage_seed
+    from optima_trainers.tree.search import build_trees
 
     config = TrainConfig.from_dict(json.loads((idpo_run / "config.json").read_text()))
     task, pm = make_task(config.task), get_plugin_manager()

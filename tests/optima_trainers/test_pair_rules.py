@@ -17,10 +17,10 @@ from optima_env.policy import ScriptedPolicy, request_seed
 from optima_env.reward import RewardBreakdown
 from optima_env.rollout import run_episode
 from optima_env.types import Episode
-from optima_trainers.config import GenerationConfig, TreeSearchConfig, resolve_config
-from optima_trainers.pairs import PAIR_DETAILS, prune_pair_details, read_pair_details
-from optima_trainers.tree import Tree
-from optima_trainers.types import PairDetail, read_pairs
+from optima_trainers.config.train import GenerationConfig, TreeSearchConfig, resolve_config
+from optima_trainers.dpo.pairs import PAIR_DETAILS, prune_pair_details, read_pair_details
+from optima_trainers.dpo.records import PairDetail, read_pairs
+from optima_trainers.tree.nodes import Tree
 from tests.helpers import TinyTask
 
 
@@ -208,7 +208,7 @@ def test_bad_settings_and_records_get_clear_errors(tmp_path: Path) -> None:
 def run_stage(folder: Path, **overrides) -> None:
     from optima_task_synth import SyntheticChainTask
 
-    from optima_trainers.tree_stage import generate_tree_stage
+    from optima_trainers.tree.stage import generate_tree_stage
 
     class Varied:
         """Replies chosen by each request's sampling key (a rollout's own), so that trees branch
@@ -234,8 +234,8 @@ def run_stage(folder: Path, **overrides) -> None:
             on_scored=lambda e: None, on_phase=lambda *a: None, progress=False,
         )  # fmt: skip
         return
-    from optima_trainers.generation import GenerationContext
-    from optima_trainers.stages import Stage
+    from optima_trainers.generation.rollouts import GenerationContext
+    from optima_trainers.host.stages import Stage
 
     class Events:
         def optima_episode_scored(self, **kwargs) -> None:
@@ -290,7 +290,7 @@ def test_the_stage_drops_capped_pairs_under_train_capped_turns_false(tmp_path: P
 
 # -- dpo.rpo_scope: the NLL term on every chosen turn, or on the task-credited pairs only -----------------
 def credited_pairs(tasks: list[float | None]) -> list:
-    from optima_trainers.types import PreferencePair
+    from optima_trainers.dpo.records import PreferencePair
 
     return [
         PreferencePair(
@@ -316,8 +316,8 @@ def credited_pairs(tasks: list[float | None]) -> list:
 def test_the_credited_nll_scope_trains_the_nll_on_credited_pairs_only(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    from optima_trainers.dpo import DPOTrainConfig, train_dpo
-    from optima_trainers.pairs import pairs_to_dpo_dataset
+    from optima_trainers.dpo.pairs import pairs_to_dpo_dataset
+    from optima_trainers.dpo.trainer import DPOTrainConfig, train_dpo
     from tests.optima_trainers.tiny_model import make_tiny_model
 
     model = str(make_tiny_model(tmp_path / "start"))

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from optima_trainers.config import resolve_config
+from optima_trainers.config.train import resolve_config
 
 
 @pytest.mark.parametrize("trainer", ["isft", "idpo", "isft-dpo"])
@@ -43,7 +43,7 @@ def test_dpo_trains_in_bf16_on_cpu_and_saves_in_the_training_dtype(tmp_path) -> 
     pytest.importorskip("trl")
     from safetensors import safe_open
 
-    from optima_trainers.dpo import DPOTrainConfig, train_dpo
+    from optima_trainers.dpo.trainer import DPOTrainConfig, train_dpo
     from tests.optima_trainers.test_dpo import make_pairs
     from tests.optima_trainers.tiny_model import make_tiny_model
 
@@ -53,14 +53,14 @@ def test_dpo_trains_in_bf16_on_cpu_and_saves_in_the_training_dtype(tmp_path) -> 
     result = train_dpo(model_path=str(model), pairs=make_pairs(5), config=config, output_dir=out, dtype="bfloat16")
     assert result.steps == 2 and math.isfinite(result.train_loss)
     with safe_open(str(next(out.glob("*.safetensors"))), "pt") as f:
-        dtypes = {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
+        dtypes = {f.get_tensor(k).dtype for k in f.keys()}
     assert dtypes == {torch.bfloat16}
 
 
 def test_full_finetune_at_the_papers_sizes_takes_the_recipes_learning_rates(capsys) -> None:
     import json
 
-    from optima_trainers.cli import main
+    from optima_trainers.cli.train import main
 
     argv = ["--task", "hotpotqa", "--trainer", "isft", "--profile", "paper", "--print-config"]
     assert main([*argv, "--full-finetune"]) == 0

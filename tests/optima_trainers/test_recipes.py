@@ -14,7 +14,7 @@ import pytest
 from optima_env import Recipe, TaskSpec, TrainerSpec, get_plugin_manager, hookimpl
 from optima_env.errors import PluginError
 from optima_env.registry import recipe_specs, task_specs, trainer_specs
-from optima_trainers.config import resolve_config
+from optima_trainers.config.train import resolve_config
 from tests.helpers import TinyTask
 from tests.optima_trainers.recipe_capture import expand, resolve_all
 

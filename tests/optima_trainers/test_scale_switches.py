@@ -11,7 +11,7 @@ from benchmarks.run import parse_args, vllm_options
 from optima_env.configtree import ConfigError
 from optima_env.errors import TaskContractError
 from optima_env.registry import get_plugin_manager
-from optima_trainers.cli import build_parser, resolve_from_args
+from optima_trainers.cli.train import build_parser, resolve_from_args
 
 SWITCHES = {"tensor_parallel_size": 4, "data_parallel_size": 1, "gpu_memory_utilization": 0.5}
 

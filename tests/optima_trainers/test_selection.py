@@ -7,9 +7,9 @@ import pytest
 from optima_env import get_plugin_manager, hookimpl
 from optima_env.errors import DataError, TaskContractError
 from optima_env.types import Episode, RewardBreakdown
-from optima_trainers import plugin
+from optima_trainers.backends import builtin as plugin
 from optima_trainers.hookspecs import add_trainer_hookspecs
-from optima_trainers.selection import SelectionConfig, best_per_instance, select_isft
+from optima_trainers.sft.selection import SelectionConfig, best_per_instance, select_isft
 
 
 def ep(sample_id: str, total: float, *, seed: int = 0, flags: tuple[str, ...] = ()) -> Episode:

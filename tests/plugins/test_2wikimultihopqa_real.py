@@ -145,7 +145,7 @@ def test_train_split_is_missing_with_a_clear_error(wiki_dir: Path) -> None:
 def test_a_trainer_asking_for_train_gets_one_line(
     wiki_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from optima_trainers.cli import main
+    from optima_trainers.cli.train import main
 
     monkeypatch.setenv("OPTIMA_DATA_DIR", str(wiki_dir.parent))  # --data-dir sets it; restored after
 

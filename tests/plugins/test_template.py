@@ -60,7 +60,7 @@ def test_the_template_sets_its_own_recipes_and_reward_thresholds() -> None:
     apply both."""
     from optima_env import get_plugin_manager
     from optima_env.registry import task_specs, trainer_specs
-    from optima_trainers.config import resolve_config
+    from optima_trainers.config.train import resolve_config
 
     pm = get_plugin_manager()
     pm.register(optima_task_template, name="template")

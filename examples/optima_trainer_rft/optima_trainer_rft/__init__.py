@@ -1,6 +1,6 @@
 """Best-of-N rejection-sampling fine-tuning (RFT) as a third-party optima trainer backend.
 
-An example of the trainer-backend contract (``optima_trainers.backends.TrainerBackend``): it
+An example of the trainer-backend contract (``optima_trainers.backends.contract.TrainerBackend``): it
 declares its name, its own options (:class:`RFTConfig`) and its stages; the host generates and
 scores N conversations per instance each stage and calls ``train(data, context)`` with them; it
 trains SFT on the correct ones only: per instance, the
@@ -22,8 +22,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from optima_env import Recipe, TrainerSpec, hookimpl
-from optima_trainers.backends import StageContext, TrainerBackend, sft_stages, train_sft_stage
-from optima_trainers.stages import Stage, StageData, StageOutcome
+from optima_trainers.backends.contract import StageContext, TrainerBackend, sft_stages, train_sft_stage
+from optima_trainers.host.stages import Stage, StageData, StageOutcome
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

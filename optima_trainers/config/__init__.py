@@ -1,0 +1,6 @@
+"""The one configuration tree of a run.
+
+* :mod:`~optima_trainers.config.train`: ``TrainConfig``, its layers and ``resolve_config``;
+* :mod:`~optima_trainers.config.sections`: the ``generation`` and ``tree`` sections;
+* :mod:`~optima_trainers.config.presets`: reward presets, fidelity switches, compute profiles.
+"""

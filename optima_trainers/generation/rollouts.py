@@ -1,0 +1,189 @@
+"""Generation and scoring for the trainer loop: resumable rollouts, readability and rewards.
+
+:func:`resumable_rollout` appends every finished episode to a JSONL file as it ends, tagged with
+its job (``metadata["job"] = [instance, sample]``). Called again on the same file (after a crash),
+it reloads the finished episodes, rewrites the file without a torn last line, and plays only the
+missing jobs. Because every request is sampled from its own seed
+(:func:`optima_env.backends.loading.load_policy`) and job
+seeds depend only on ``(seed, instance, sample)``, the result equals an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from optima_env.configtree import ConfigError
+from optima_env.errors import DataError
+from optima_env.io import append_jsonl, read_episodes, write_episodes
+from optima_env.policy import ChatPolicy, SamplingParams
+from optima_env.registry import readability_specs
+from optima_env.rollout import RolloutJob, rollout
+from optima_env.task import Task
+from optima_env.types import Episode
+from optima_trainers.generation.shards import Shard
+from optima_trainers.host.faults import fault_point
+from optima_trainers.host.stages import Stage
+
+__all__ = [
+    "GenerationContext",
+    "episode_summary",
+    "load_readability_scorer",
+    "resumable_rollout",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationContext:
+    """What the host's stage generators (:mod:`~optima_trainers.generation.samples`,
+    :mod:`~optima_trainers.tree.stage`) need from the run, in one object instead of parameter lists."""
+
+    task: Task
+    """The run's task."""
+    config: Any
+    """The run's :class:`~optima_trainers.config.train.TrainConfig`."""
+    stage: Stage
+    """The stage being generated."""
+    folder: Path
+    """The stage folder (every phase's output goes there, appended or written atomically)."""
+    seed: int
+    """The stage's seed (:func:`~optima_trainers.host.stages.stage_seed`)."""
+    num_train: int
+    """Rows of the training split: a cursor position ``p`` plays row ``p % num_train``."""
+    load_policy: Callable[[], ChatPolicy]
+    """The current model's policy (loaded when a phase needs it)."""
+    release: Callable[[ChatPolicy], None]
+    """Frees a policy once its phase is over."""
+    env_kwargs: Callable[..., dict[str, Any]]
+    """``env_kwargs(policy, diverse=False)``: the env options of the run for that policy."""
+    readability: Callable[[], Callable[[Sequence[str]], Sequence[float]]]
+    """The frozen base model's per-turn losses (loaded on first call, once per run)."""
+    events: Any
+    """The run's hook relay: ``optima_episode_scored``, ``optima_select_training_data``."""
+    phase: Callable[[str, float, dict[str, Any]], None]
+    """Records a finished phase (name, start time, extra values) in the run state."""
+    progress: bool = False
+    """Show progress bars."""
+    shard: Shard = dataclasses.field(default_factory=Shard)
+    """This process's part of the stage's jobs (:mod:`~optima_trainers.generation.shards`; all of them in
+    one process)."""
+
+    def on_scored(self, episode: Episode) -> None:
+        """Fire ``optima_episode_scored`` for one episode of this stage."""
+        self.events.optima_episode_scored(episode=episode, stage=self.stage)
+
+
+logger = logging.getLogger(__name__)
+
+
+def _job_of(episode: Episode) -> tuple[int, int]:
+    job = episode.metadata.get("job")
+    if not (isinstance(job, (list, tuple)) and len(job) == 2):
+        raise DataError(
+            f"episode {episode.sample_id} in a resumable episodes file has no metadata['job']; "
+            "the file was not written by optima_trainers; delete it to regenerate"
+        )
+    return int(job[0]), int(job[1])
+
+
+# size: the rollout driver's options plus the resume file; forwarded to rollout()
+def resumable_rollout(
+    task: Task,
+    policy: ChatPolicy,
+    *,
+    jobs: Sequence[RolloutJob],
+    path: str | os.PathLike[str],
+    sampling: SamplingParams,
+    env_kwargs: Mapping[str, Any],
+    concurrency: int,
+    progress: bool = True,
+    reset_options: Callable[[RolloutJob], Mapping[str, Any]] | None = None,
+    reused: Mapping[tuple[int, int], Episode] | None = None,
+) -> list[Episode]:
+    """Play ``jobs``, appending each episode to ``path``; resume from what ``path`` already holds.
+    Jobs in ``reused`` (by ``(instance, sample)``: finished in another file, e.g. the stage's
+    gathered file beside a rank's shard file) are neither played nor written here.
+
+    Returns:
+        One episode per job, in job order.
+    """
+    reused = dict(reused or {})
+    path = Path(path)
+    wanted = {(j.index, j.sample): j for j in jobs}
+    done: dict[tuple[int, int], Episode] = {}
+    if path.exists():
+        for episode in read_episodes(path):
+            key = _job_of(episode)
+            if key not in wanted:
+                raise DataError(
+                    f"{path}: episode of job {key} is not one of this stage's jobs; delete the file"
+                )
+            if key in done:
+                raise DataError(f"{path}: job {key} appears twice; the file is corrupt, delete it")
+            done[key] = episode
+        write_episodes(path, list(done.values()))  # drops a torn last line before appending again
+        if done:
+            logger.info("%s: reusing %d finished episodes of %d", path, len(done), len(jobs))
+    remaining = [j for j in jobs if (j.index, j.sample) not in done and (j.index, j.sample) not in reused]
+
+    def on_episode(pos: int, episode: Episode) -> None:
+        job = remaining[pos]
+        tagged = dataclasses.replace(episode, metadata={**episode.metadata, "job": [job.index, job.sample]})
+        append_jsonl(path, [tagged.to_dict()])
+        done[(job.index, job.sample)] = tagged
+        fault_point("episode")
+
+    if remaining:
+        rollout(
+            task,
+            policy,
+            jobs=remaining,
+            sampling=sampling,
+            concurrency=concurrency,
+            env_kwargs=env_kwargs,
+            on_episode=on_episode,
+            progress=progress,
+            reset_options=reset_options,
+        )
+    path.touch()
+    keys = [(j.index, j.sample) for j in jobs]
+    return [done[k] if k in done else reused[k] for k in keys]
+
+
+def episode_summary(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Mean reward (and its terms), task score, tokens (in all and per agent) and turns of a set of
+    scored episodes, with namespaced names (``rollout/tokens/Alice``, ``reward/readability``)."""
+    n = max(1, len(episodes))
+    rewards = [e.reward for e in episodes if e.reward is not None]
+    agents = dict.fromkeys(a for e in episodes for a in e.agents)
+    return {
+        "rollout/episodes": float(len(episodes)),
+        "rollout/task_score": sum(e.task_score for e in episodes) / n,
+        "rollout/tokens": sum(e.num_tokens for e in episodes) / n,
+        "rollout/turns": sum(len(e.turns) for e in episodes) / n,
+        **{
+            f"rollout/tokens/{agent}": sum(
+                t.num_tokens for e in episodes for t in e.turns if t.agent == agent
+            )
+            / n
+            for agent in agents
+        },
+        **{
+            f"reward/{term}": sum(getattr(r, term) for r in rewards) / max(1, len(rewards))
+            for term in ("total", "task", "token", "readability")
+        },
+    }
+
+
+def load_readability_scorer(config: Any, pm: Any) -> Any:
+    """The registered readability scorer ``config.readability_scorer`` on the frozen base model
+    (``readability_model``, default ``model``)."""
+    specs = readability_specs(pm)
+    name = config.readability_scorer
+    if name not in specs:
+        raise ConfigError(f"no readability scorer {name!r}; registered: {', '.join(specs) or '(none)'}")
+    return specs[name].factory(config.readability_model or config.model, dtype=config.dtype)

@@ -1,0 +1,160 @@
+"""The host's generation for sampled stages (iSFT and every SFT stage; spec §5), phase by phase.
+
+1. ``generate``: N conversations (``generation.num_samples``) on each of the stage's draws (cursor
+   positions: a stage that draws more instances than the split holds plays a row again as its own
+   draw, with its own job key and sample id, :func:`~optima_trainers.sft.selection.draw_sample_id`),
+   appended to ``episodes.jsonl`` as each ends and resumed like any rollout; the initialization
+   samples with the format-diverse pool (when the task has one) at ``generation.init_temperature``;
+2. ``score``: the run's one scorer (:class:`~optima_env.episode_scorer.EpisodeScorer`: the frozen
+   base model's readability, the per-instance max token normalizer, the run's reward
+   ``config.reward``, and the ``optima_episode_scored`` event), written atomically to
+   ``scored.jsonl``;
+3. ``select``: the ``optima_select_training_data`` hook's choice, written atomically to
+   ``selected.jsonl``.
+
+:func:`read_sample_stage` reads the stage's data back for the ``optima_generation_end`` hook.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from optima_env.episode_scorer import EpisodeScorer
+from optima_env.errors import PluginError
+from optima_env.io import read_episodes, write_episodes
+from optima_env.policy import SamplingParams
+from optima_env.rollout import RolloutJob, make_jobs
+from optima_env.types import Episode
+from optima_trainers.config.train import TrainConfig
+from optima_trainers.generation.rollouts import GenerationContext, episode_summary, resumable_rollout
+from optima_trainers.generation.shards import collect, discard_shards, fold, play_shard, write_gathered
+from optima_trainers.sft.selection import draw_sample_id
+
+__all__ = ["generate_sample_stage", "read_sample_stage", "select_through_hook"]
+
+
+def generate_sample_stage(ctx: GenerationContext, *, indices: list[int], init: bool) -> None:
+    """Run (or resume) the generate, score and select phases of one stage into ``ctx.folder``.
+
+    ``indices`` are cursor positions (``position % ctx.num_train`` is the row played); ``init``
+    marks the initialization (the format-diverse pool at ``generation.init_temperature``). Under
+    several processes (``ctx.shard``) each rank plays its shard of the jobs; the main process
+    gathers them, then scores and selects alone; the other ranks return once their shard is done."""
+    config, folder = ctx.config, ctx.folder
+    scored_path, selected_path = folder / "scored.jsonl", folder / "selected.jsonl"
+    if not scored_path.is_file():
+        started = time.perf_counter()
+        jobs = make_jobs(indices, config.generation.num_samples, ctx.seed)
+        episodes = _generate(ctx, jobs, init=init)
+        if episodes is None:  # another rank: its shard is on disk, the main process goes on
+            return
+        episodes = [_as_drawn(e, ctx.num_train) for e in episodes]
+        ctx.phase("generate", started, {"cursor": indices[0] if indices else 0})
+        started = time.perf_counter()
+        # the run's reward, per instance group (spec §3), the scored event once each
+        scorer = EpisodeScorer(config.reward, readability=ctx.readability(), on_scored=ctx.on_scored)
+        write_episodes(scored_path, scorer.score(episodes))
+        ctx.phase("score", started, {})
+    if not selected_path.is_file() and ctx.shard.main:
+        started = time.perf_counter()
+        chosen = select_through_hook(ctx.events, ctx.stage.name, read_episodes(scored_path), config)
+        write_episodes(selected_path, chosen)
+        ctx.phase("select", started, {})
+
+
+def _generate(ctx: GenerationContext, jobs: list[RolloutJob], *, init: bool) -> list[Episode] | None:
+    """Every job's episode in job order (``episodes.jsonl``, appended and resumed); under several
+    processes this rank's shard, gathered by the main process (``None`` on the others)."""
+    task, gen, shard, name = ctx.task, ctx.config.generation, ctx.shard, "episodes.jsonl"
+
+    def play(todo: list[RolloutJob], path: Path, reused: dict[Any, Episode]) -> list[Episode]:
+        policy = ctx.load_policy()
+        episodes = resumable_rollout(
+            task,
+            policy,
+            jobs=todo,
+            reset_options=lambda job: {"index": job.index % ctx.num_train},
+            path=path,
+            sampling=SamplingParams(
+                temperature=gen.init_temperature if init else gen.temperature,
+                top_p=gen.top_p,
+                max_new_tokens=gen.max_new_tokens,
+                seed=ctx.seed,
+                stop=gen.stops(task.agents),
+            ),
+            env_kwargs=ctx.env_kwargs(policy, diverse=init and gen.diverse_init and task.num_formats > 0),
+            concurrency=gen.concurrency,
+            progress=ctx.progress,
+            reused=reused,
+        )
+        ctx.release(policy)
+        return episodes
+
+    keys = [(j.index, j.sample) for j in jobs]
+    if shard.world == 1:
+        fold(ctx.folder, name, keys)  # the shards of an earlier multi-process attempt, if any
+        return play(jobs, ctx.folder / name, {})
+    play_shard(
+        shard,
+        ctx.folder,
+        name,
+        keys,
+        lambda positions, path, reused: play(
+            [jobs[p] for p in positions], path, {k: Episode.from_dict(r) for k, r in reused.items()}
+        ),
+    )
+    if not shard.main:
+        return None
+    records = [record for _, record in collect(shard, ctx.folder, name, keys)]
+    write_gathered(ctx.folder, name, records)
+    discard_shards(ctx.folder, name)
+    return [Episode.from_dict(record) for record in records]
+
+
+def read_sample_stage(folder: Path) -> tuple[list[Episode], list[Episode], dict[str, float]]:
+    """``(scored episodes, selected episodes, metrics)`` of a generated sampled stage."""
+    scored, selected = read_episodes(folder / "scored.jsonl"), read_episodes(folder / "selected.jsonl")
+    metrics = {
+        **episode_summary(scored),
+        "select/instances": float(len({e.sample_id for e in scored})),
+        "select/selected": float(len(selected)),
+        "select/reward": _mean([e.reward.total for e in selected if e.reward is not None]),
+        "select/task_score": _mean([e.task_score for e in selected]),
+        "select/tokens": _mean([float(e.num_tokens) for e in selected]),
+    }
+    return scored, selected, metrics
+
+
+def _as_drawn(episode: Episode, size: int) -> Episode:
+    """The episode under its draw's sample id (its job's cursor position tells the cycle)."""
+    import dataclasses
+
+    drawn = draw_sample_id(episode.sample_id, int(episode.metadata["job"][0]), size)
+    return episode if drawn == episode.sample_id else dataclasses.replace(episode, sample_id=drawn)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def select_through_hook(
+    events: Any, stage: str, scored: Sequence[Episode], config: TrainConfig
+) -> list[Episode]:
+    """The ``optima_select_training_data`` hook's choice among a stage's scored episodes (``events``:
+    the run's hook relay, ``pm.hook``, with the trainer hookspecs added)."""
+    chosen = events.optima_select_training_data(
+        episodes=list(scored),
+        trainer=config.trainer,
+        config={**config.selection.to_dict(), "stage": stage, "task": config.task},
+    )
+    if chosen is None:
+        raise PluginError(
+            "no plugin answered optima_select_training_data; the built-in one "
+            "(optima_trainers.backends.builtin) should: is it unregistered or blocked?"
+        )
+    if not all(isinstance(e, Episode) for e in chosen):
+        raise PluginError("optima_select_training_data must return a list of Episode records")
+    return list(chosen)

@@ -1,0 +1,176 @@
+"""The trainer host's generation: the policies, env options and scorer of a run, and each stage's
+generation (sampled stages, tree stages, an online backend's instance list) on every process.
+
+:class:`StageGeneration` is the part of :class:`~optima_trainers.host.loop.IterativeTrainer` that
+generates; under ``accelerate launch`` with N processes every rank runs :meth:`_generate` with its
+own engine on its shard of the stage's jobs (:mod:`optima_trainers.generation.shards`), and the main process
+gathers the shards, scores and selects (:mod:`~optima_trainers.generation.samples`,
+:mod:`~optima_trainers.tree.stage`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pluggy
+
+from optima_env.io import write_json_atomic
+from optima_env.policy import PerAgentPolicy
+from optima_env.task import Task
+from optima_trainers.config.train import TrainConfig
+from optima_trainers.generation.engines import PolicyLoader
+from optima_trainers.generation.rollouts import GenerationContext, load_readability_scorer
+from optima_trainers.generation.samples import generate_sample_stage
+from optima_trainers.generation.shards import Shard
+from optima_trainers.host.faults import fault_point
+from optima_trainers.host.memory import release
+from optima_trainers.host.runs import RunDir
+from optima_trainers.host.stages import Stage, stage_seed
+from optima_trainers.tree.stage import generate_tree_stage
+
+__all__ = ["StageGeneration"]
+
+
+class StageGeneration:
+    """Generation for the trainer host (a mixin of :class:`~optima_trainers.host.loop.IterativeTrainer`,
+    which sets the attributes below)."""
+
+    config: TrainConfig
+    run_dir: RunDir
+    pm: pluggy.PluginManager
+    task: Task
+    num_train: int
+    base_model: str
+    progress: bool
+    loader: PolicyLoader
+    _scorer: Any
+
+    def _indices(self, start: int, count: int) -> list[int]:
+        """Cursor positions ``start, ..., start + count - 1``: each its own draw (job key, sample id);
+        the stages play row ``position % num_train`` (spec §5 item 2: the cursor wraps)."""
+        return list(range(start, start + count))
+
+    @functools.cached_property
+    def max_model_len(self) -> int | None:
+        """``generation.max_model_len``, else the starting model's ``max_position_embeddings``
+        (``None`` when neither says); read once per run."""
+        if self.config.generation.max_model_len is not None:
+            return self.config.generation.max_model_len
+        path = Path(self.base_model) / "config.json"
+        if not path.is_file():
+            return None
+        value = json.loads(path.read_text(encoding="utf-8")).get("max_position_embeddings")
+        return value if isinstance(value, int) and value > 0 else None
+
+    def _prompt_budget(self, tokenizer: Any) -> int | None:
+        """The longest prompt a turn may start from: the context less the turn cap (no budget
+        without a chat tokenizer to count with, or without a known context length)."""
+        if self.max_model_len is None or not callable(getattr(tokenizer, "apply_chat_template", None)):
+            return None
+        return max(1, self.max_model_len - self.config.generation.max_new_tokens)
+
+    def _env_kwargs(self, policy: Any, *, diverse: bool = False) -> dict[str, Any]:
+        tokenizer = getattr(policy, "tokenizer", None)
+        return dict(
+            split=self.config.split,
+            max_turns=self.config.generation.max_turns,
+            max_prompt_tokens=self._prompt_budget(tokenizer),
+            tokenizer=tokenizer,
+            diverse_formats=diverse,
+            message_format=self.config.generation.message_format,
+            termination=self.config.generation.termination,
+            scoring=False,  # the run scores with its own reward (groups, readability) below
+            pm=self.pm,
+        )
+
+    def _policy(self, model: str) -> Any:
+        gen = self.config.generation
+        if gen.agent_models:  # fixed roles speak with their own model; the rest with the current one
+            fixed = {a: self._load(m) for a, m in gen.agent_models.items()}
+            return PerAgentPolicy(fixed, default=self._load(model))
+        return self._load(model)
+
+    def _load(self, model: str) -> Any:
+        return self.loader.load(model)
+
+    def _release(self, policy: Any) -> None:
+        self.loader.release(policy)
+
+    def _drop_scorer(self) -> None:
+        """Before a vLLM engine starts (it sizes itself from the memory free then, and refuses to
+        start below gpu_memory_utilization): the frozen readability model leaves, loaded again when
+        the stage scores."""
+        self._scorer = None
+        release()
+
+    @property
+    def scorer(self) -> Any:
+        """The frozen base model's per-turn LM loss (the registered ``readability_scorer``; loaded
+        once, kept for the whole run)."""
+        if self._scorer is None:
+            self._scorer = load_readability_scorer(self.config, self.pm)
+        return self._scorer
+
+    def _phase(self, stage: Stage, phase: str, started: float, **extra: Any) -> None:
+        self.run_dir.record_phase(stage.name, phase, time.perf_counter() - started, **extra)
+        fault_point("phase")
+
+    def _generate(self, stage: Stage, model: str, cursor: int, folder: Path, shard: Shard) -> int:
+        """Generate (or resume) this process's part of the stage's data into ``folder`` (all of it
+        in one process; the main process also gathers, scores and selects); returns the cursor
+        after the stage. What the last training phase held is released first (:func:`release`)."""
+        cfg = self.config
+        if stage.generate == "none":  # an online backend: it only needs the stage's instances
+            if shard.main:
+                rows = [p % self.num_train for p in self._indices(cursor, cfg.generation.instances)]
+                write_json_atomic(folder / "instances.json", rows)
+            return cursor + cfg.generation.instances
+        release()
+        _use_local_device(shard)
+        ctx = GenerationContext(
+            task=self.task,
+            config=cfg,
+            stage=stage,
+            folder=folder,
+            seed=stage_seed(cfg.seed, stage.name),
+            num_train=self.num_train,
+            load_policy=lambda: self._policy(model),
+            release=self._release,
+            env_kwargs=self._env_kwargs,
+            readability=lambda: self.scorer,
+            events=self.pm.hook,
+            phase=lambda phase, started, extra: (
+                self._phase(stage, phase, started, **extra) if shard.main else None
+            ),  # only the main process records phases in the run state
+            progress=self.progress,
+            shard=shard,
+        )
+        if stage.generate == "tree":
+            tree_start = cursor + cfg.tree.normalizer_instances
+            if not (folder / "pairs.jsonl").is_file():
+                generate_tree_stage(
+                    ctx,
+                    normalizer_indices=self._indices(cursor, cfg.tree.normalizer_instances),
+                    tree_positions=list(range(tree_start, tree_start + cfg.tree.instances)),
+                )
+            return tree_start + cfg.tree.instances
+        generate_sample_stage(ctx, indices=self._indices(cursor, cfg.generation.instances), init=stage.init)
+        return cursor + cfg.generation.instances
+
+
+def _use_local_device(shard: Shard) -> None:
+    """Under several processes each rank generates on its own GPU, ``cuda:LOCAL_RANK``, the one
+    accelerate trains it on (before a stage's training nothing has chosen it yet, and ``"cuda"``
+    would put every rank's engine on the first GPU); nothing without CUDA or with one process."""
+    if shard.world == 1:
+        return
+    import torch
+
+    local = int(os.environ.get("LOCAL_RANK", shard.rank))
+    if torch.cuda.is_available() and local < torch.cuda.device_count():
+        torch.cuda.set_device(local)

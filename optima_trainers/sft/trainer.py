@@ -1,0 +1,307 @@
+"""SFT on masked examples with TRL's ``SFTTrainer`` (LoRA by default, or full fine-tuning).
+
+The examples come pre-tokenized from :mod:`optima_trainers.sft.data`: columns ``input_ids`` and
+``assistant_masks``. TRL 1.16 accepts that as is: a dataset with ``input_ids`` is "already
+processed", and its ``assistant_masks`` column is folded into ``labels`` (``-100`` outside the
+mask) before training, whatever ``completion_only_loss`` says; no chat-template ``{% generation %}``
+markers are needed. Precision follows the run's ``dtype``: on a GPU bf16 mixed precision (TF32
+matmuls allowed) with gradient checkpointing by default; on a CPU the weights in that dtype
+without autocast (fp32 by default: this project's CPUs have no native bf16, see
+``docs/feasibility.md``) and no gradient checkpointing.
+
+The checkpoint is written atomically (:func:`optima_trainers.host.checkpoint.atomic_checkpoint`) as a
+plain model folder: LoRA adapters are merged into the weights first, so the next iteration, a
+rollout or an evaluation loads it like any model. Under ``accelerate launch`` every process trains
+and the main process writes the folder (with DeepSpeed ZeRO-3, use full fine-tuning: the weights
+are gathered by ``Trainer.save_model``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from optima_env.errors import MissingDependencyError, TaskContractError, require
+from optima_trainers.host.checkpoint import TrainResult, atomic_checkpoint, require_complete
+from optima_trainers.host.faults import fault_point
+from optima_trainers.host.memory import release, track
+from optima_trainers.sft.data import MaskedExample
+
+__all__ = [
+    "SFTTrainConfig",
+    "allow_tf32",
+    "check_report_to",
+    "checkpointing_for",
+    "free_trainer",
+    "lora_config",
+    "train_sft",
+    "world_size",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SFTTrainConfig:
+    """Hyperparameters of one SFT stage (the ``sft`` section of the trainer configuration).
+
+    Defaults: the reference recipes' common values (spec §5) with LoRA; the task presets and the
+    compute profile set the rest. The run's seed, dtype and tracker are arguments of
+    :func:`train_sft`, not fields here, so that one value serves the whole run.
+    """
+
+    learning_rate: float = 2e-5
+    """Peak learning rate (cosine schedule)."""
+    epochs: float = 1
+    """Epochs per stage."""
+    batch_size: int = 32
+    """Effective batch: per-device batch × gradient accumulation × processes."""
+    per_device_batch_size: int = 1
+    """Examples per device per forward pass."""
+    max_length: int = 2048
+    """Longest example in tokens (longer ones are cut at the end)."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (``None``: run the epochs)."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in the backward pass (less memory, about a third more compute).
+    ``None``: on with a GPU, off on CPUs (where it only costs time), resolved when the run's
+    configuration is built (``--print-config`` shows the value)."""
+    lora: bool = True
+    """Train a LoRA adapter (merged into the weights at save) instead of every weight."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA alpha."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    warmup_ratio: float = 0.1
+    """Linear warm-up fraction before the cosine schedule."""
+    eval_fraction: float = 0.0
+    """Fraction of the examples held out and evaluated once at the end (reference: 0.02)."""
+    restart_from_base: bool = False
+    """Every SFT stage starts from the base model (debate tasks, spec §5 item 8) instead of the
+    previous stage's model; the initialization always starts from the base model."""
+    train_capped_turns: bool = True
+    """Train on turns that ran to the generation cap (``generation.max_new_tokens``). With
+    ``False`` such a turn stays in the conversation as context but is not a target: its
+    end-of-message marker is where the cap cut it, not where the model stopped, so training on it
+    teaches a stop the model never made. The reference's cap (2000 tokens) is rarely reached, so
+    it trains every turn; a short cap (the cpu profile's) cuts many."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "per_device_batch_size", "max_length", "lora_r", "lora_alpha"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TaskContractError(f"sft.{name} must be an int >= 1, got {value!r}")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
+            raise TaskContractError(f"sft.max_steps must be None or an int >= 1, got {self.max_steps!r}")
+        if not (isinstance(self.learning_rate, (int, float)) and 0 < self.learning_rate < 1):
+            raise TaskContractError(f"sft.learning_rate must lie in (0, 1), got {self.learning_rate!r}")
+        if not (isinstance(self.epochs, (int, float)) and self.epochs > 0):
+            raise TaskContractError(f"sft.epochs must be > 0, got {self.epochs!r}")
+        for name in ("warmup_ratio", "eval_fraction", "lora_dropout"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise TaskContractError(f"sft.{name} must lie in [0, 1), got {value!r}")
+
+
+def allow_tf32(torch: Any) -> None:
+    """TF32 matmuls on a GPU (Ampere and later: about twice the fp32 matmul speed, 10-bit mantissa
+    inside the product; bf16 training is not affected)."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def checkpointing_for(setting: bool | None, use_cuda: bool) -> bool:
+    """``gradient_checkpointing``: the config's value, or (``None``) on with a GPU, off on CPUs."""
+    return use_cuda if setting is None else setting
+
+
+def world_size() -> int:
+    """Number of training processes (``WORLD_SIZE`` under ``accelerate launch``/``torchrun``)."""
+    return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def check_report_to(report_to: str) -> None:
+    """Fail early, with the install command, when the requested tracker is not installed."""
+    module = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}.get(report_to)
+    if module is None:
+        if report_to != "none":
+            raise TaskContractError(
+                f"report_to must be none, tensorboard, trackio or wandb, got {report_to!r}"
+            )
+        return
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise MissingDependencyError(
+            f"report_to={report_to!r} needs `pip install {module}` (or `pip install 'optima[track]'`)"
+        )
+
+
+def lora_config(r: int, alpha: int, dropout: float = 0.0) -> Any:
+    """The LoRA setup of the project: every linear layer of the blocks (``all-linear``)."""
+    peft = require("peft", "train")
+    return peft.LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+
+
+def _dataset(examples: Sequence[MaskedExample]) -> Any:
+    datasets = require("datasets", "train")
+    return datasets.Dataset.from_dict(
+        {
+            "input_ids": [list(e.input_ids) for e in examples],
+            "assistant_masks": [list(e.assistant_masks) for e in examples],
+        }
+    )
+
+
+# size: assembles TRL's SFTTrainer step by step (examples, model, LoRA, config, train, atomic save)
+def train_sft(
+    *,
+    model_path: str,
+    examples: Sequence[MaskedExample],
+    config: SFTTrainConfig,
+    output_dir: str | os.PathLike[str],
+    eval_examples: Sequence[MaskedExample] = (),
+    logging_dir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    report_to: str = "none",
+) -> TrainResult:
+    """Fine-tune ``model_path`` on ``examples`` and save the merged model to ``output_dir``.
+
+    Args:
+        model_path: the starting model folder (or hub name).
+        examples: masked training examples (at least one).
+        config: hyperparameters.
+        output_dir: where the checkpoint appears, complete or not at all.
+        eval_examples: optional held-out examples (evaluated once at the end).
+        logging_dir: where the trainer's own files go (tensorboard events); default: a folder
+            beside ``output_dir``.
+        seed: the run's seed (weights init of LoRA, data order).
+        dtype: ``float32`` (CPU) or ``bfloat16`` (GPU only).
+        report_to: ``none``, ``tensorboard`` or ``wandb``.
+
+    Returns:
+        The :class:`TrainResult` (also stored in the checkpoint's ``COMPLETE`` marker).
+    """
+    if not examples:
+        raise TaskContractError(
+            "train_sft got no examples; lower theta_sft or sample more instances (the selection kept none)"
+        )
+    torch = require("torch", "train")
+    transformers = require("transformers", "train")
+    trl = require("trl", "train")
+    check_report_to(report_to)
+    output_dir = Path(output_dir)
+    trainer_dir = Path(logging_dir or output_dir.parent / f"{output_dir.name}_trainer")
+
+    transformers.set_seed(seed)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    per_device = max(1, min(config.per_device_batch_size, config.batch_size))
+    accumulation = max(1, math.ceil(config.batch_size / (per_device * world_size())))
+    use_cuda = torch.cuda.is_available()
+    allow_tf32(torch)
+    args = trl.SFTConfig(
+        output_dir=str(trainer_dir),
+        per_device_train_batch_size=per_device,
+        per_device_eval_batch_size=per_device,
+        gradient_accumulation_steps=accumulation,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps if config.max_steps is not None else -1,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=config.warmup_ratio,
+        max_length=config.max_length,
+        bf16=dtype == "bfloat16" and use_cuda,  # CPU: bf16 weights, no autocast (feasibility study)
+        fp16=False,
+        gradient_checkpointing=checkpointing_for(config.gradient_checkpointing, use_cuda),
+        use_cpu=not use_cuda,
+        seed=seed,
+        data_seed=seed,
+        report_to=report_to,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_steps=1,
+        dataloader_num_workers=0,
+        dataset_num_proc=None,
+    )
+
+    class _FaultCallback(transformers.TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            fault_point("train_step")
+
+    trainer = trl.SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=_dataset(examples),
+        eval_dataset=_dataset(eval_examples) if eval_examples else None,
+        processing_class=tokenizer,
+        peft_config=lora_config(config.lora_r, config.lora_alpha, config.lora_dropout)
+        if config.lora
+        else None,
+        callbacks=[_FaultCallback()],
+    )
+    track("sft", model, trainer)
+    output = trainer.train()
+    metrics: dict[str, float] = {
+        k: float(v) for k, v in output.metrics.items() if isinstance(v, (int, float)) and k != "total_flos"
+    }
+    if eval_examples:
+        metrics.update({k: float(v) for k, v in trainer.evaluate().items() if isinstance(v, (int, float))})
+    result = TrainResult(
+        checkpoint=str(output_dir),
+        train_loss=float(output.training_loss) if output.global_step else None,
+        steps=int(output.global_step),
+        num_examples=len(examples),
+        metrics=metrics,
+    )
+    accelerator = trainer.accelerator
+    if not accelerator.is_main_process:
+        if not config.lora:
+            trainer.save_model(str(output_dir.parent / f".{output_dir.name}.tmp-write"))  # ZeRO-3 gather
+        accelerator.wait_for_everyone()
+        _free(trainer)
+        return result
+    with atomic_checkpoint(output_dir) as (tmp, finish):
+        if config.lora:
+            accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(tmp)
+        else:
+            trainer.save_model(str(tmp))
+        tokenizer.save_pretrained(tmp)
+        fault_point("checkpoint")
+        accelerator.wait_for_everyone()
+        finish(result)
+    shutil.rmtree(trainer_dir / "checkpoint-final", ignore_errors=True)
+    logger.info("saved %s (loss %s, %d steps)", output_dir, result.train_loss, result.steps)
+    del model
+    _free(trainer)
+    return require_complete(output_dir, verify=False)  # hashed once, as it was written
+
+
+def free_trainer(trainer: Any) -> None:
+    """Drop what a finished transformers/TRL trainer holds (accelerate's prepared model, optimizer
+    and scheduler references, the trainer's own model), so that :func:`optima_trainers.host.memory.
+    release` can return the memory before the next phase (a vLLM engine or the next stage)."""
+    trainer.accelerator.free_memory()
+    for name in ("model", "model_wrapped", "optimizer", "lr_scheduler", "ref_model"):
+        if hasattr(trainer, name):
+            setattr(trainer, name, None)
+
+
+def _free(trainer: Any) -> None:
+    free_trainer(trainer)
+    del trainer
+    release()

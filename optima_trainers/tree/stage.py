@@ -1,0 +1,344 @@
+"""The host's generation for tree stages (iDPO, iSFT-DPO; spec §6, §7), phase by phase.
+
+1. ``normalizer``: one conversation (``generation.temperature``) on each of the next
+   ``tree.normalizer_instances`` training instances, appended to ``normalizer.jsonl`` and resumed
+   like any rollout; the token normalizer is their ``tree.normalizer_percentile`` plus 1.
+2. ``mcts``: one tree per next ``tree.instances`` instance (:func:`optima_trainers.tree.search.build_trees`),
+   grown in chunks of trees; each finished chunk (its trees' pairs and scored trajectories) is
+   appended as ONE line to ``trees.jsonl``, so a resumed run regrows only the chunk it was killed
+   in (a chunk is a deterministic function of its trees, so the regrown chunk equals the lost one).
+3. ``pairs``: the top ``tree.pair_fraction`` of each tree's pairs
+   (:func:`~optima_trainers.dpo.pairs.select_top_pairs`), written atomically to ``pairs.jsonl``.
+
+:func:`read_tree_stage` reads the stage's data back for the ``optima_generation_end`` hook.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from optima_env.episode_scorer import EpisodeScorer
+from optima_env.errors import DataError
+from optima_env.io import append_jsonl, read_episodes, read_jsonl, read_text, write_text_atomic
+from optima_env.policy import ChatPolicy, SamplingParams
+from optima_env.reward import percentile_normalizer
+from optima_env.rollout import RolloutJob, make_jobs
+from optima_env.types import Episode
+from optima_trainers.config.train import TrainConfig
+from optima_trainers.dpo.records import PreferencePair, read_pairs, write_pairs
+from optima_trainers.generation.rollouts import GenerationContext, resumable_rollout
+from optima_trainers.generation.shards import (
+    Shard,
+    collect,
+    discard_shards,
+    fold,
+    keyed,
+    play_shard,
+    read_records,
+    shard_files,
+    sources,
+    write_gathered,
+)
+from optima_trainers.host.faults import fault_point
+
+__all__ = ["generate_tree_stage", "read_tree_stage"]
+
+logger = logging.getLogger(__name__)
+
+
+def _chunks(positions: list[int], size: int) -> list[list[int]]:
+    return [positions[i : i + size] for i in range(0, len(positions), size)]
+
+
+def _chunk_record(record: Any) -> tuple[int, list[dict[str, Any]]]:
+    for name, type_ in (("chunk", int), ("trees", list)):
+        value = record.get(name) if isinstance(record, dict) else None
+        if not isinstance(value, type_) or isinstance(value, bool):
+            raise DataError(f"field '{name}': expected {type_.__name__}, got {type(value).__name__}")
+    return record["chunk"], record["trees"]
+
+
+def finished_chunks(path: Path) -> dict[int, list[dict[str, Any]]]:
+    """Chunk number -> its tree records, from ``trees.jsonl`` (a torn last line is dropped from
+    the file, so the next append starts on a clean line)."""
+    if not path.is_file():
+        return {}
+    done = dict(read_jsonl(path, _chunk_record, fix="delete the file to regrow the trees"))
+    text = read_text(path)
+    if text and not text.endswith("\n"):  # an interrupted append: rewrite without the torn line
+        lines = (json.dumps({"chunk": c, "trees": t}) + "\n" for c, t in sorted(done.items()))
+        write_text_atomic(path, "".join(lines))
+    return done
+
+
+def generate_tree_stage(
+    ctx: GenerationContext, *, normalizer_indices: list[int], tree_positions: list[int]
+) -> None:
+    """Run (or resume) the normalizer, tree and pair phases of one stage into ``ctx.folder``
+    (``normalizer_indices``: cursor positions of the normalizer's conversations; ``tree_positions``:
+    one tree each). Under several processes (``ctx.shard``) each rank plays its shard of the
+    normalizer's conversations, every rank reads all of them for the normalizer, then grows its
+    shard of the chunks of trees (scoring them itself: a tree's search needs its rewards); the
+    main process gathers the stage's files and writes the pairs, the others return."""
+    policy = ctx.load_policy()
+    env_kwargs = ctx.env_kwargs(policy)
+    started = time.perf_counter()
+    normalizer = _normalizer_phase(ctx, policy, env_kwargs, normalizer_indices)
+    ctx.phase("normalizer", started, {"normalizer": normalizer or 0.0})
+    started = time.perf_counter()
+    _tree_phase(ctx, policy, env_kwargs, normalizer, tree_positions)
+    ctx.release(policy)
+    ctx.phase("mcts", started, {})
+
+
+def _normalizer_phase(
+    ctx: GenerationContext, policy: ChatPolicy, env_kwargs: Mapping[str, Any], indices: list[int]
+) -> float | None:
+    """The constant token normalizer from one fresh conversation per position (``percentile``), or
+    ``None`` for the paper's running per-instance max, which plays nothing."""
+    gen, tree_cfg, shard, name = ctx.config.generation, ctx.config.tree, ctx.shard, "normalizer.jsonl"
+    if tree_cfg.normalizer == "instance_max":  # the paper's per-instance max needs no fresh conversations
+        indices = []
+    jobs = make_jobs(indices, 1, ctx.seed)  # cursor positions: each draw its own job
+
+    def play(todo: list[RolloutJob], path: Path, reused: Mapping[Any, Episode]) -> list[Episode]:
+        return resumable_rollout(
+            ctx.task,
+            policy,
+            jobs=todo,
+            reset_options=lambda job: {"index": job.index % ctx.num_train},
+            path=path,
+            sampling=SamplingParams(
+                temperature=gen.temperature,
+                top_p=gen.top_p,
+                max_new_tokens=gen.max_new_tokens,
+                seed=ctx.seed,
+                stop=gen.stops(ctx.task.agents),
+            ),
+            env_kwargs=env_kwargs,
+            concurrency=gen.concurrency,
+            progress=ctx.progress,
+            reused=reused,
+        )
+
+    if shard.world == 1:
+        keys = [(j.index, j.sample) for j in jobs]
+        fold(ctx.folder, name, keys)  # the shards of an earlier multi-process attempt, if any
+        episodes = play(jobs, ctx.folder / name, {})
+    else:  # every rank needs every conversation's length: all wait for all
+        keys = [(j.index, j.sample) for j in jobs]
+        play_shard(shard, ctx.folder, name, keys, lambda positions, path, reused: play(
+            [jobs[p] for p in positions], path, {k: Episode.from_dict(r) for k, r in reused.items()}
+        ), what="normalizer conversations")  # fmt: skip
+        records = [record for _, record in collect(shard, ctx.folder, name, keys)]
+        if shard.main:  # the shard files go with the trees' (the other ranks may still read them)
+            write_gathered(ctx.folder, name, records)
+        episodes = [Episode.from_dict(r) for r in records]
+    if tree_cfg.normalizer != "percentile":
+        return None
+    counts = [e.num_tokens for e in episodes]
+    return percentile_normalizer(
+        counts, tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding
+    )
+
+
+def _tree_phase(
+    ctx: GenerationContext,
+    policy: ChatPolicy,
+    env_kwargs: Mapping[str, Any],
+    normalizer: float | None,
+    positions: list[int],
+) -> None:
+    """Grow the trees chunk by chunk (each finished chunk one line of ``trees.jsonl``, its pair
+    records in ``pairs_detail.jsonl``; a rank's own files under several processes), then write
+    the kept pairs (the main process, after gathering every rank's chunks)."""
+    from optima_trainers.dpo.pairs import select_top_pairs
+
+    config, folder, shard = ctx.config, ctx.folder, ctx.shard
+    gen, tree_cfg = config.generation, config.tree
+    # the run's one scorer: the tree reward, turn losses cached (a tree replays its prefixes), the
+    # constant normalizer or the paper's running per-instance max, the scored event once each
+    scorer = EpisodeScorer(
+        config.tree_reward,
+        readability=ctx.readability(),
+        normalizer="running" if normalizer is None else normalizer,
+        cache_turns=True,
+        on_scored=ctx.on_scored,
+    )
+    mcts_env = {k: v for k, v in env_kwargs.items() if k not in ("split", "max_turns", "diverse_formats")}
+    per_chunk = max(1, gen.concurrency // max(1, tree_cfg.rollouts))
+    chunks = _chunks(positions, per_chunk)
+
+    def grow(
+        numbers: list[int], trees_path: Path, reused: Mapping[int, Any]
+    ) -> dict[int, list[dict[str, Any]]]:
+        details_path = _details_of(trees_path)
+        done = finished_chunks(trees_path)
+        _prune_details(details_path, set(done))  # a chunk's records whose trees line never came
+        for number in numbers:
+            if number in done or number in reused:
+                continue
+            done[number] = _grow_chunk(ctx, policy, scorer, mcts_env, number, chunks[number], details_path)
+            append_jsonl(trees_path, [{"chunk": number, "trees": done[number]}])
+            fault_point("mcts_chunk")
+        return done
+
+    numbers = list(range(len(chunks)))
+    if shard.world == 1:
+        _fold_trees(folder, numbers)
+        done = grow(numbers, folder / "trees.jsonl", {})
+    else:
+        play_shard(shard, folder, "trees.jsonl", numbers, lambda ps, path, reused: grow(ps, path, reused),
+                   key_of=_chunk_key, what="chunks of trees")  # fmt: skip
+        if not shard.main:
+            return
+        done = _gather_trees(shard, folder, numbers)
+    trees_done = [t for number in sorted(done) for t in done[number]]
+    per_tree = [[PreferencePair.from_dict(p) for p in t["pairs"]] for t in trees_done]
+    write_pairs(folder / "pairs.jsonl", select_top_pairs(per_tree, tree_cfg.pair_fraction))
+
+
+def _grow_chunk(
+    ctx: GenerationContext,
+    policy: ChatPolicy,
+    scorer: EpisodeScorer,
+    mcts_env: Mapping[str, Any],
+    number: int,
+    chunk: list[int],
+    details_path: Path,
+) -> list[dict[str, Any]]:
+    """Grow one chunk's trees; append its pair records to ``details_path``; return its records."""
+    from optima_trainers.dpo.pairs import append_pair_details, pair_details
+    from optima_trainers.tree.search import build_trees
+
+    config = ctx.config
+    trees = build_trees(
+        ctx.task,
+        policy,
+        [p % ctx.num_train for p in chunk],
+        reward_fn=scorer.score,
+        split=config.split,
+        seed=ctx.seed,
+        search=config.tree,
+        generation=config.generation,
+        env_kwargs=mcts_env,
+        keys=chunk,
+        progress=ctx.progress,
+    )
+    record = [_tree_record(t, config) for t in trees]
+    capped = config.sft.train_capped_turns  # one home: SFT's and the pairs' capped turns
+    details = pair_details(trees, chunk=number, fraction=config.tree.pair_fraction, train_capped_turns=capped)
+    append_pair_details(details_path, details)
+    return record
+
+
+def _details_of(trees_path: Path) -> Path:
+    """The pair records' file beside a trees file (``trees.rank1of2.jsonl`` ->
+    ``pairs_detail.rank1of2.jsonl``)."""
+    from optima_trainers.dpo.pairs import PAIR_DETAILS
+
+    return trees_path.with_name(trees_path.name.replace("trees", PAIR_DETAILS.partition(".")[0], 1))
+
+
+def _prune_details(path: Path, chunks: set[int]) -> None:
+    from optima_trainers.dpo.pairs import prune_pair_details
+
+    prune_pair_details(path, chunks)
+
+
+def _chunk_key(record: dict[str, Any]) -> int:
+    return _chunk_record(record)[0]
+
+
+def _write_trees(folder: Path, gathered: list[tuple[Path, dict[str, Any]]]) -> None:
+    """Write ``pairs_detail.jsonl`` then ``trees.jsonl`` (main process) from gathered chunk records,
+    each chunk's pair records from the file beside the trees file it came from."""
+    from optima_trainers.dpo.pairs import PAIR_DETAILS
+
+    by_source: dict[Path, dict[int, list[dict[str, Any]]]] = {}
+    details: list[dict[str, Any]] = []
+    for source, record in gathered:
+        path = _details_of(source)
+        if path not in by_source:
+            by_source[path] = {}
+            for detail in read_records(path):
+                by_source[path].setdefault(detail.get("chunk"), []).append(detail)
+        details += by_source[path].get(record["chunk"], [])
+    write_gathered(folder, PAIR_DETAILS, details)  # first: a chunk's records before its trees line
+    write_gathered(folder, "trees.jsonl", [record for _, record in gathered])
+
+
+def _fold_trees(folder: Path, numbers: list[int]) -> None:
+    """One process resuming a tree stage that several began: merge their chunks into the stage's
+    files and remove the shard files."""
+    from optima_trainers.dpo.pairs import PAIR_DETAILS
+
+    if not shard_files(folder, "trees.jsonl") and not shard_files(folder, PAIR_DETAILS):
+        return
+    found = keyed(sources(folder, "trees.jsonl"), _chunk_key)
+    _write_trees(folder, [found[n] for n in numbers if n in found])
+    discard_shards(folder, "trees.jsonl", PAIR_DETAILS)
+
+
+def _gather_trees(shard: Shard, folder: Path, numbers: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """The main process: every rank's chunks, once all are done, written to the stage's files."""
+    from optima_trainers.dpo.pairs import PAIR_DETAILS
+
+    gathered = collect(shard, folder, "trees.jsonl", numbers, key_of=_chunk_key)
+    _write_trees(folder, gathered)
+    discard_shards(folder, "trees.jsonl", PAIR_DETAILS, "normalizer.jsonl")
+    return {record["chunk"]: record["trees"] for _, record in gathered}
+
+
+def _tree_record(tree: Any, config: TrainConfig) -> dict[str, Any]:
+    """A tree's line in ``trees.jsonl``: its trajectories, summary and kept pairs (with the chosen
+    side's task credit only where ``dpo.rpo_scope="credited"`` needs it)."""
+    episodes = [t.episode for t in tree.trajectories]
+    candidates = tree.pair_candidates(train_capped_turns=config.sft.train_capped_turns)
+    credited = config.dpo.rpo_scope == "credited"
+    return {
+        "index": tree.index,
+        "sample_id": tree.sample_id,
+        "nodes": len(tree.nodes),
+        "trajectories": [e.to_dict() for e in episodes],
+        "mean_reward": sum(t.reward for t in tree.trajectories) / max(1, len(episodes)),
+        "mean_task_score": sum(e.task_score for e in episodes) / max(1, len(episodes)),
+        "mean_tokens": sum(e.num_tokens for e in episodes) / max(1, len(episodes)),
+        "pairs": [
+            (replace(c.pair, chosen_task=c.chosen.task) if credited else c.pair).to_dict()
+            for c in candidates
+            if c.kept
+        ],
+    }
+
+
+def read_tree_stage(
+    folder: Path, config: TrainConfig
+) -> tuple[list[Episode], list[PreferencePair], dict[str, float]]:
+    """``(trajectories, kept pairs, metrics)`` of a generated tree stage."""
+    trees = [t for _, chunk in sorted(finished_chunks(folder / "trees.jsonl").items()) for t in chunk]
+    episodes = [Episode.from_dict(e) for t in trees for e in t.get("trajectories", [])]
+    pairs = read_pairs(folder / "pairs.jsonl")
+    counts = [e.num_tokens for e in read_episodes(folder / "normalizer.jsonl")]
+    n = max(1, len(trees))
+    metrics = {
+        "mcts/normalizer": percentile_normalizer(
+            counts, config.tree.normalizer_percentile, rounding=config.tree.normalizer_rounding
+        )
+        if counts
+        else 0.0,
+        "mcts/trees": float(len(trees)),
+        "mcts/nodes": sum(t["nodes"] for t in trees) / n,
+        "reward/total": sum(t["mean_reward"] for t in trees) / n,
+        "rollout/task_score": sum(t["mean_task_score"] for t in trees) / n,
+        "rollout/tokens": sum(t["mean_tokens"] for t in trees) / n,
+        "mcts/pairs_found": float(sum(len(t["pairs"]) for t in trees)),
+        "mcts/pairs": float(len(pairs)),
+    }
+    return episodes, pairs, metrics
