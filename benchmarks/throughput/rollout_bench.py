@@ -123,10 +123,14 @@ class SuiteConfig:
     vllm_threads_bind: str = "auto"
     """``VLLM_CPU_OMP_THREADS_BIND``: ``auto`` is vLLM's default (one core per worker thread, one
     kept for its scheduler); ``0-1`` gives its worker both cores."""
-    eos_episodes: int = 32
+    eos_episodes: int = 24
     """Episodes of the EOS workload (``eos_episodes / samples`` instances x ``samples``)."""
-    eos_concurrency: int = 8
+    eos_concurrency: int = 4
     """EOS workload: episodes in flight, and the engine's batch slots (both drivers)."""
+    eos_threads: int = 1
+    """EOS workload: torch threads of ``drivers_engine`` (``dp_engine``: one per process; vLLM: see
+    ``vllm_threads_bind``). One, so that a machine shared with other work does not stall torch's
+    thread pool, and the ratios are per core."""
     eos_max_new_tokens: int = 128
     """EOS workload: the cap of a reply (most stop before it, at end of sequence)."""
     eos_temperature: float = 0.5
@@ -290,6 +294,7 @@ def _main(argv: list[str]) -> None:
         "eos_episodes",
         "eos_concurrency",
         "eos_max_new_tokens",
+        "eos_threads",
     ):
         if getattr(cfg, name) < 1:
             flag = flag_name(name)

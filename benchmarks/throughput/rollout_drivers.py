@@ -15,7 +15,8 @@ ends them (end of sequence, no ``ignore_eos``; also at a speaker's ``"Name:"`` t
   own counters, the useful generated tokens (each reply's tokens up to and including the one
   that ended it) and the decode steps (sampling rounds of the batch); **slot utilization** =
   useful tokens / (slots x decode steps), slots = ``eos_concurrency``. The transformers engine
-  counts in :class:`~optima_env.backends.hf.DecodeStats` on both paths; vLLM's ``LLM.generate``
+  (``eos_threads`` torch threads) counts in :class:`~optima_env.backends.hf.DecodeStats` on both
+  paths; vLLM's ``LLM.generate``
   and its turn engine both step ``llm_engine.step``, which this phase counts (each call one
   engine step; tokens of the requests that finished), checked against
   :class:`~optima_env.backends.vllm_turns.VLLMTurns`'s own counters on the turns driver.
@@ -56,6 +57,7 @@ EOS_FIELDS = (
     "eos_max_new_tokens",
     "eos_temperature",
     "eos_speaker_stops",
+    "eos_threads",
     "dp_processes",
 )
 """Suite settings only the EOS phases read (the other phases are reused when only these change)."""
@@ -178,7 +180,7 @@ def _drivers_engine(cfg: Any) -> dict[str, Any]:
 
     from optima_env.backends.hf import DecodeStats, TransformersPolicy
 
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.eos_threads)
     started = time.perf_counter()
     policy = TransformersPolicy.from_pretrained(
         cfg.model, dtype="float32", batch_size=cfg.eos_concurrency, fast=True
