@@ -109,7 +109,7 @@ def train_grpo_stage(data: StageData, context: StageContext) -> StageOutcome:
     model = transformers.AutoModelForCausalLM.from_pretrained(start_model, dtype=getattr(torch, config.dtype))
     frozen = {}
     if frozen_agents:
-        policy = load_policy(start_model, backend="hf", batch_size=gen.concurrency, dtype=config.dtype)
+        policy = load_policy(start_model, backend="hf", batch_size=gen.batch_size, dtype=config.dtype)
         frozen = dict.fromkeys(frozen_agents, policy)
     rollout = OptimaRollout(
         task,

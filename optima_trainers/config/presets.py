@@ -33,7 +33,8 @@ FIDELITY_PRESETS: dict[str, dict[str, Any]] = {
 defaults) and ``paper``, applied with ``preset="paper"`` after the reward preset."""
 
 _PAPER_SIZES: dict[str, Any] = {
-    "generation.max_turns": 10, "generation.max_new_tokens": 2000, "generation.concurrency": 64,
+    "generation.max_turns": 10, "generation.max_new_tokens": 2000, "generation.concurrency": None,
+    "generation.batch_size": 64,
     "sft.max_length": 2048, "sft.per_device_batch_size": 1, "sft.eval_fraction": 0.02,
     "sft.warmup_ratio": 0.1, "tree.normalizer_instances": 100,
     "dpo.max_length": 4096, "dpo.per_device_batch_size": 1, "dpo.batch_size": 64, "dpo.warmup_ratio": 0.1,
@@ -48,7 +49,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "cpu": {
         "generation.instances": 6, "generation.num_samples": 3, "generation.max_turns": 4,
         "generation.max_new_tokens": 32, "generation.stop_at_speaker_tags": True,
-        "generation.concurrency": 32,
+        "generation.concurrency": None, "generation.batch_size": 32,
         "sft.max_length": 1024, "sft.per_device_batch_size": 2, "sft.batch_size": 8, "sft.lora": True,
         "sft.learning_rate": 1e-4, "sft.epochs": 1, "sft.eval_fraction": 0.0, "sft.warmup_ratio": 0.0,
         "tree.normalizer_instances": 8, "tree.instances": 2, "tree.selections": 4, "tree.rollouts": 2,
@@ -70,6 +71,10 @@ PROFILES: dict[str, dict[str, Any]] = {
   DeepSpeed ZeRO-3 over 8 GPUs holds 16 GB each (README "Scaling out").
 * ``cpu``: minutes on 2 CPU cores (LoRA with a LoRA-sized learning rate, short turns, the
   speaker-tag stops).
+
+Every profile sizes the conversations in flight from the engine (``generation.concurrency``
+``None``: its ``capacity``): 64 (``paper``) or 32 (``cpu``) batch slots on the transformers engine
+and CTranslate2 (``generation.batch_size``), vLLM's ``max_num_seqs`` on vLLM.
 
 A trainer adds its own per-profile values (``TrainerSpec.profiles``)."""
 

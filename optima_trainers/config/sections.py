@@ -66,13 +66,34 @@ class GenerationConfig:
     The servers need ``--max-lora-rank`` >= it."""
     compute_type: Literal["int8", "int8_float32", "float32"] = "int8"
     """CTranslate2's weight type (``backend="ct2"`` only; int8 is the CPU default)."""
-    concurrency: int = 32
-    """Conversations in flight (the generation batch size)."""
+    concurrency: int | None = None
+    """Conversations in flight in every rollout of the run (sampled stages, normalizer
+    conversations, tree searches). ``None`` (the default): sized from the engine's ``capacity``
+    (:func:`optima_env.rollout.rollout`): the transformers engine's and CTranslate2's
+    :attr:`batch_size`, vLLM's ``max_num_seqs`` (:attr:`vllm_max_num_seqs`); for the servers
+    (``backend="openai"``, no capacity of their own) the rollout's default, 32, which is also the
+    client's requests in flight."""
+    batch_size: int = 32
+    """The engine's batch slots: requests the transformers engine decodes at once (its continuous
+    batching admits a new turn into each slot that frees) and CTranslate2's batch. vLLM sizes its
+    own batch (:attr:`vllm_max_num_seqs`); the servers batch on their own."""
+    driver: Literal["auto", "batch", "turns"] = "auto"
+    """How rollouts drive the engine (:data:`optima_env.turns.DRIVERS`): ``turns``: each
+    conversation's next turn is submitted the moment its last one returns (the engine's own
+    :class:`~optima_env.policy.TurnEngine`: vLLM's engine, the transformers engine's continuous
+    batching, the servers' client); ``batch``: one ``generate`` per step over every running
+    conversation's turn, waiting for its longest reply (the driver before turn engines existed);
+    ``auto`` (the default): ``turns`` when the engine implements it (every built-in backend but
+    CTranslate2), else ``batch``."""
     vllm_tensor_parallel_size: int = 1
     """``backend="vllm"``: GPUs one engine shards the model over (vLLM's ``tensor_parallel_size``)."""
     vllm_data_parallel_size: int = 1
     """``backend="vllm"``: engine replicas (``data_parallel_size``); vLLM's offline engine takes 1
     only (one rank per process), so more is refused with what to do instead (README "Scaling out")."""
+    vllm_max_num_seqs: int | None = None
+    """``backend="vllm"``: requests the engine decodes at once (vLLM's ``max_num_seqs``, its
+    ``capacity``, so also the conversations in flight when :attr:`concurrency` is ``None``);
+    ``None``: vLLM's own default."""
     vllm_gpu_memory_utilization: float = 0.9
     """``backend="vllm"``: share of each GPU's memory vLLM may take (on CPUs: of host memory)."""
     vllm_reuse_engine: bool = True
@@ -100,8 +121,12 @@ class GenerationConfig:
     model being trained, and only their turns train (SFT examples, DPO pairs)."""
 
     def __post_init__(self) -> None:
-        for name in ("instances", "num_samples", "max_turns", "max_new_tokens", "concurrency"):
+        for name in ("instances", "num_samples", "max_turns", "max_new_tokens", "batch_size"):
             check_positive_int(f"generation.{name}", getattr(self, name))
+        for name in ("concurrency", "vllm_max_num_seqs"):
+            if getattr(self, name) is not None:
+                check_positive_int(f"generation.{name}", getattr(self, name))
+        check_driver(self.driver)
         for name in ("temperature", "init_temperature"):
             check_number(f"generation.{name}", getattr(self, name), low=0.0)
         check_number("generation.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
@@ -136,11 +161,26 @@ class GenerationConfig:
         (``vllm``: its scale switches; the other backends take none from here)."""
         if self.backend != "vllm":
             return {}
-        return {
+        options: dict[str, Any] = {
             "tensor_parallel_size": self.vllm_tensor_parallel_size,
             "data_parallel_size": self.vllm_data_parallel_size,
             "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
         }
+        if self.vllm_max_num_seqs is not None:
+            options["max_num_seqs"] = self.vllm_max_num_seqs
+        return options
+
+
+def check_driver(driver: object) -> None:
+    """``generation.driver``: one of :data:`optima_env.turns.DRIVERS`."""
+    from optima_env.turns import DRIVERS
+
+    if driver not in DRIVERS:
+        raise ConfigError(
+            f"generation.driver must be one of {', '.join(DRIVERS)}, got {driver!r}; e.g. "
+            "--set generation.driver=turns (each conversation advances on its own) or "
+            "generation.driver=batch (one generate call per step)"
+        )
 
 
 def check_base_urls(backend: str, urls: Sequence[str]) -> None:

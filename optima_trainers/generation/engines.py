@@ -29,12 +29,29 @@ starting model; each stage's weights reach them without a restart:
   returns the name to request; none delivering is an error.
 
 Turns are counted with the generating model's tokenizer, loaded from its folder.
+
+Batch sizes: the transformers engine and CTranslate2 get ``generation.batch_size`` slots, vLLM
+``generation.vllm_max_num_seqs`` (``None``: its own default); the servers' client keeps as many
+requests in flight as the rollouts keep conversations (``generation.concurrency``, else the
+rollout's default). Every rollout sizes its conversations in flight from the engine's
+``capacity`` unless ``generation.concurrency`` is set.
+
+One GPU per rank: under N processes (``accelerate launch``, ``WORLD_SIZE`` > 1) on GPUs, each
+rank's vLLM engine starts with ``CUDA_VISIBLE_DEVICES`` narrowed to the rank's own GPUs
+(``LOCAL_RANK`` x ``generation.vllm_tensor_parallel_size`` onwards, counted in what the process
+sees), because vLLM's engine process takes the first visible GPU whatever the rank. The trainer's
+own CUDA context is initialized first (so the process keeps seeing every GPU), the variable is set
+only while the engine starts (its processes inherit it) and restored after. With fewer visible
+GPUs than the ranks need (several ranks sharing one GPU) nothing is narrowed and a warning says
+so. Nothing happens on CPUs or in one process (:func:`rank_gpus`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +66,7 @@ SERVER_TIMEOUT_S = 900.0
 SERVER_LORA_SUFFIX = "-server-lora"
 """The adapter exported for the servers lies beside its checkpoint, named ``<checkpoint>`` + this."""
 
-__all__ = ["PolicyLoader"]
+__all__ = ["PolicyLoader", "rank_gpus"]
 
 
 class PolicyLoader:
@@ -109,14 +126,15 @@ class PolicyLoader:
                 options["max_model_len"] = self.max_model_len  # the same context as the envs' budget
             if self.reuses_engine and _cuda():
                 options["enable_sleep_mode"] = True  # the engine sleeps while a stage trains
-        policy = load_policy(
-            model,
-            backend=gen.backend,
-            batch_size=gen.concurrency,
-            dtype=self.config.dtype,
-            compute_type=gen.compute_type,
-            **options,
-        )
+        with _rank_devices(gen.vllm_tensor_parallel_size) if gen.backend == "vllm" else contextlib.nullcontext():
+            policy = load_policy(
+                model,
+                backend=gen.backend,
+                batch_size=gen.batch_size,
+                dtype=self.config.dtype,
+                compute_type=gen.compute_type,
+                **options,
+            )
         if self.reuses_engine:
             self.engine = policy
         return policy
@@ -146,6 +164,7 @@ class PolicyLoader:
         """The servers' client, asking for ``model``'s weights (delivered first if needed)."""
         from optima_env.backends.openai import OpenAIChatPolicy
         from optima_env.models import load_tokenizer, resolve_model_path
+        from optima_env.rollout import DEFAULT_CONCURRENCY
 
         gen = self.config.generation
         path = resolve_model_path(model)
@@ -153,7 +172,7 @@ class PolicyLoader:
             self.engine = OpenAIChatPolicy(  # a turn of max_new_tokens on a busy server may take minutes
                 gen.served_model or "",
                 gen.base_urls,
-                max_concurrency=gen.concurrency,
+                max_concurrency=gen.concurrency or DEFAULT_CONCURRENCY,  # as many as conversations in flight
                 prefix_mode="continue",
                 timeout=SERVER_TIMEOUT_S,
             )
@@ -233,3 +252,61 @@ def _cuda() -> bool:
 
     torch = sys.modules.get("torch")
     return torch is not None and bool(torch.cuda.is_available())
+
+
+def rank_gpus(env: Mapping[str, str], device_count: int, tensor_parallel_size: int = 1) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` a rank's vLLM engine starts with (see the module docstring):
+    the rank's ``tensor_parallel_size`` GPUs from ``LOCAL_RANK`` on, among those the process
+    sees (``CUDA_VISIBLE_DEVICES`` in ``env``, else ``0 .. device_count - 1``); ``None``: leave it
+    as it is (one process, no ``LOCAL_RANK``, or too few GPUs for one set per rank).
+
+    >>> rank_gpus({"WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, 2)
+    '1'
+    >>> rank_gpus({"WORLD_SIZE": "2", "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}, 4, 2)
+    '6,7'
+    >>> rank_gpus({"WORLD_SIZE": "1", "LOCAL_RANK": "0"}, 8) is None
+    True
+    """
+    local = env.get("LOCAL_RANK")
+    if int(env.get("WORLD_SIZE", "1")) <= 1 or local is None:
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(device_count)]
+    local_world = int(env.get("LOCAL_WORLD_SIZE", str(int(local) + 1)))
+    start = int(local) * tensor_parallel_size
+    if len(ids) < local_world * tensor_parallel_size or start + tensor_parallel_size > len(ids):
+        return None
+    return ",".join(ids[start : start + tensor_parallel_size])
+
+
+@contextlib.contextmanager
+def _rank_devices(tensor_parallel_size: int) -> Iterator[None]:
+    """While a vLLM engine starts: ``CUDA_VISIBLE_DEVICES`` = this rank's GPUs (:func:`rank_gpus`);
+    a no-op on CPUs and in one process."""
+    import sys
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not _cuda():
+        yield
+        return
+    torch = sys.modules["torch"]
+    torch.cuda.init()  # the trainer's own view of the GPUs is fixed before the variable changes
+    devices = rank_gpus(os.environ, torch.cuda.device_count(), tensor_parallel_size)
+    if devices is None:
+        logger.warning(
+            "rank %s: %d GPUs visible for %s processes x %d (generation.vllm_tensor_parallel_size): the "
+            "ranks' vLLM engines share GPUs; give each process its own GPU(s) to generate in parallel",
+            os.environ.get("LOCAL_RANK"), torch.cuda.device_count(),
+            os.environ.get("LOCAL_WORLD_SIZE", "?"), tensor_parallel_size,
+        )  # fmt: skip
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    logger.info("rank %s: the vLLM engine starts on GPU(s) %s", os.environ.get("LOCAL_RANK"), devices)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before

@@ -99,7 +99,8 @@ def resumable_rollout(
     path: str | os.PathLike[str],
     sampling: SamplingParams,
     env_kwargs: Mapping[str, Any],
-    concurrency: int,
+    concurrency: int | None = None,
+    driver: str = "auto",
     progress: bool = True,
     reset_options: Callable[[RolloutJob], Mapping[str, Any]] | None = None,
     reused: Mapping[tuple[int, int], Episode] | None = None,
@@ -107,6 +108,8 @@ def resumable_rollout(
     """Play ``jobs``, appending each episode to ``path``; resume from what ``path`` already holds.
     Jobs in ``reused`` (by ``(instance, sample)``: finished in another file, e.g. the stage's
     gathered file beside a rank's shard file) are neither played nor written here.
+    ``concurrency`` and ``driver`` go to :func:`~optima_env.rollout.rollout` as they are
+    (``generation.concurrency``, ``None``: the engine's capacity; ``generation.driver``).
 
     Returns:
         One episode per job, in job order.
@@ -144,6 +147,7 @@ def resumable_rollout(
             jobs=remaining,
             sampling=sampling,
             concurrency=concurrency,
+            driver=driver,
             env_kwargs=env_kwargs,
             on_episode=on_episode,
             progress=progress,

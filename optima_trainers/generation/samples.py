@@ -87,6 +87,7 @@ def _generate(ctx: GenerationContext, jobs: list[RolloutJob], *, init: bool) -> 
             ),
             env_kwargs=ctx.env_kwargs(policy, diverse=init and gen.diverse_init and task.num_formats > 0),
             concurrency=gen.concurrency,
+            driver=gen.driver,
             progress=ctx.progress,
             reused=reused,
         )

@@ -6,7 +6,7 @@ an external ``kill -9``) at the n-th time it reaches ``point``:
 * ``episode``: after an episode is appended to its file;
 * ``train_step``: after an optimizer step;
 * ``checkpoint``: after the weights are saved, before the ``COMPLETE`` marker;
-* ``mcts_chunk``: after a chunk of trees is appended;
+* ``mcts_tree``: after a finished tree is appended to its stage's trees file;
 * ``phase``: after a phase of a stage is recorded.
 
 ``<point>:<n>@<rank>`` kills only the process of that rank (``RANK``: one process of a

@@ -11,7 +11,7 @@ Layout (``runs/<task>__<trainer>__<seed>__<time>/`` by default)::
         scored.jsonl       the same episodes with readability and rewards (atomic)
         selected.jsonl     iSFT training trajectories (atomic)
         normalizer.jsonl   DPO stages: the token-normalizer rollouts (appended, resumed)
-        trees.jsonl        DPO stages: per chunk of trees, their pairs (appended, resumed by chunk)
+        trees.jsonl        DPO stages: per tree, its pairs (appended as it ends, resumed by tree)
         pairs.jsonl        DPO stages: the kept preference pairs (atomic)
         *.rank1of2.jsonl   under several processes: each rank's shard of episodes.jsonl,
                            normalizer.jsonl, trees.jsonl (and a .done marker), appended and

@@ -12,7 +12,10 @@ another tree's long ones, so the batch does not drain between selections as a ro
 search (every tree waiting for the slowest rollout of the round) does. What cannot overlap: a
 tree's next expansion waits for all of its current rollouts, so a slot freed by a tree's short
 rollout stays empty until its siblings end, unless queued work of other trees takes it (with
-``concurrency`` below ``trees x rollouts``, the trees beyond it wait in the queue and do).
+``concurrency`` below ``trees x rollouts``, the trees beyond it wait in the queue and do). The
+conversations in flight are sized from the engine's ``capacity`` unless ``concurrency`` says
+otherwise, and a tree whose last expansion is finished is handed to ``on_tree`` at once (a tree
+stage saves it there), while the other trees go on: nothing drains between trees.
 
 It is written by hand because no library schedules multi-turn tree expansions: batched inference
 engines (vLLM's continuous batching, ...) schedule independent requests, and tree-search libraries
@@ -72,6 +75,8 @@ class ExpansionScheduler:
         selections: expansions per tree (``num_selections``).
         select: picks (and records) the next node of tree ``t``.
         finish: scores and inserts a batch of completed expansions (in tree order).
+        on_tree: called with a tree's position once its last expansion is finished (after
+            ``finish``; the trees completed in one step in tree order).
     """
 
     def __init__(
@@ -82,12 +87,14 @@ class ExpansionScheduler:
         selections: int,
         select: Callable[[int], Node],
         finish: Callable[[list[Expansion]], None],
+        on_tree: Callable[[int], None] | None = None,
     ) -> None:
         self.trees = list(trees)
         self.rollouts = rollouts
         self.selections = selections
         self.select = select
         self.finish = finish
+        self.on_tree = on_tree
         self.steps = [0] * len(self.trees)
         """Expansions started per tree."""
         self.jobs: list[RolloutJob] = []
@@ -104,9 +111,11 @@ class ExpansionScheduler:
         concurrency: int | None,
         env_kwargs: Mapping[str, Any],
         progress: bool = False,
+        driver: str = "auto",
     ) -> None:
         """Grow every tree to ``selections`` expansions; ``concurrency`` episodes in flight at most
-        (default: one expansion of every tree at once, ``len(trees) * rollouts``)."""
+        (``None``: the engine's ``capacity``, else the rollout's default; see
+        :func:`optima_env.rollout.rollout`, which also takes ``driver``)."""
         first = [job for t in range(len(self.trees)) for job in self._expand(t)]
         if not first:
             return
@@ -121,7 +130,8 @@ class ExpansionScheduler:
                 policy,
                 jobs=first,
                 sampling=sampling,
-                concurrency=concurrency or len(first),
+                concurrency=concurrency,
+                driver=driver,
                 env_kwargs=env_kwargs,
                 reset_options=self.reset_options,
                 request_key=self.request_key,
@@ -180,4 +190,8 @@ class ExpansionScheduler:
         self.finish(completed)
         if self._bar is not None:
             self._bar.update(len(completed))
+        if self.on_tree is not None:
+            for x in completed:
+                if x.step == self.selections - 1:
+                    self.on_tree(x.tree)
         return [job for x in completed for job in self._expand(x.tree)]

@@ -130,6 +130,8 @@ def build_trees(
     env_kwargs: Mapping[str, Any] | None = None,
     keys: Sequence[int] | None = None,
     concurrency: int | None = None,
+    driver: str = "auto",
+    on_tree: Callable[[int, Tree], None] | None = None,
     progress: bool = False,
 ) -> list[Tree]:
     """Grow one search tree per instance; the rollouts of all trees share one generation batch,
@@ -156,8 +158,11 @@ def build_trees(
             come from ``generation``.
         keys: per-tree identity the tree's seeds derive from (default: the instance index); pass
             distinct keys (e.g. the instance cursor position) when an instance appears twice.
-        concurrency: episodes per generation batch (default: one expansion of every tree at once,
-            ``len(instance_indices) * search.rollouts``).
+        concurrency: conversations in flight (``None``, the default: the engine's ``capacity``,
+            else :data:`optima_env.rollout.DEFAULT_CONCURRENCY`).
+        driver: the rollout driver (:data:`optima_env.turns.DRIVERS`; ``generation.driver``).
+        on_tree: called with ``(position, tree)`` as soon as a tree has all its selections (the
+            others still growing), e.g. to save it; the trees completed in one step in order.
         progress: show a progress bar over the selections of all trees.
 
     Returns:
@@ -228,6 +233,7 @@ def build_trees(
         selections=search.selections,
         select=lambda t: select_node(trees[t], search, rngs[t]),
         finish=finish,
+        on_tree=None if on_tree is None else (lambda t: on_tree(t, trees[t])),
     ).run(
         task,
         policy,
@@ -241,6 +247,7 @@ def build_trees(
         concurrency=concurrency,
         env_kwargs=env_kwargs,
         progress=progress,
+        driver=driver,
     )
     return trees
 

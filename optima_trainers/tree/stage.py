@@ -4,9 +4,13 @@
    ``tree.normalizer_instances`` training instances, appended to ``normalizer.jsonl`` and resumed
    like any rollout; the token normalizer is their ``tree.normalizer_percentile`` plus 1.
 2. ``mcts``: one tree per next ``tree.instances`` instance (:func:`optima_trainers.tree.search.build_trees`),
-   grown in chunks of trees; each finished chunk (its trees' pairs and scored trajectories) is
-   appended as ONE line to ``trees.jsonl``, so a resumed run regrows only the chunk it was killed
-   in (a chunk is a deterministic function of its trees, so the regrown chunk equals the lost one).
+   all grown in ONE search (each tree advances on its own; nothing drains between trees); each
+   tree is appended to ``trees.jsonl`` as ONE line (``{"chunk": <its position in the stage>,
+   "trees": [<its record>]}``) the moment its last selection is finished, its pair records to
+   ``pairs_detail.jsonl`` just before. A resumed run regrows only the trees it has no line for (a
+   tree is a deterministic function of its own seed and instance, so a regrown tree equals the
+   lost one), and once every tree is there the file is rewritten in tree order (as a gathered
+   file), so its bytes do not depend on which trees finished first.
 3. ``pairs``: the top ``tree.pair_fraction`` of each tree's pairs
    (:func:`~optima_trainers.dpo.pairs.select_top_pairs`), written atomically to ``pairs.jsonl``.
 
@@ -52,10 +56,6 @@ __all__ = ["generate_tree_stage", "read_tree_stage"]
 logger = logging.getLogger(__name__)
 
 
-def _chunks(positions: list[int], size: int) -> list[list[int]]:
-    return [positions[i : i + size] for i in range(0, len(positions), size)]
-
-
 def _chunk_record(record: Any) -> tuple[int, list[dict[str, Any]]]:
     for name, type_ in (("chunk", int), ("trees", list)):
         value = record.get(name) if isinstance(record, dict) else None
@@ -77,6 +77,24 @@ def finished_chunks(path: Path) -> dict[int, list[dict[str, Any]]]:
     return done
 
 
+def finished_trees(path: Path) -> dict[int, list[dict[str, Any]]]:
+    """Tree position -> ``[its record]``, from a trees file (:func:`finished_chunks`, one tree per line)."""
+    done = finished_chunks(path)
+    for number, trees in done.items():
+        _check_one_tree(number, trees, path)
+    return done
+
+
+def _check_one_tree(number: int, trees: list[Any], path: Path | None = None) -> None:
+    if len(trees) != 1:
+        where = f"{path}: " if path is not None else "a trees file: "
+        raise DataError(
+            f"{where}the line of chunk {number} holds {len(trees)} trees, where every line holds one; "
+            "it was written by an older optima_trainers, which saved trees in chunks: delete the stage's "
+            "trees*.jsonl and pairs_detail*.jsonl to regrow its trees, or finish the run with that version"
+        )
+
+
 def generate_tree_stage(
     ctx: GenerationContext, *, normalizer_indices: list[int], tree_positions: list[int]
 ) -> None:
@@ -84,8 +102,8 @@ def generate_tree_stage(
     (``normalizer_indices``: cursor positions of the normalizer's conversations; ``tree_positions``:
     one tree each). Under several processes (``ctx.shard``) each rank plays its shard of the
     normalizer's conversations, every rank reads all of them for the normalizer, then grows its
-    shard of the chunks of trees (scoring them itself: a tree's search needs its rewards); the
-    main process gathers the stage's files and writes the pairs, the others return."""
+    shard of the trees (scoring them itself: a tree's search needs its rewards); the main process
+    gathers the stage's files and writes the pairs, the others return."""
     policy = ctx.load_policy()
     env_kwargs = ctx.env_kwargs(policy)
     started = time.perf_counter()
@@ -123,6 +141,7 @@ def _normalizer_phase(
             ),
             env_kwargs=env_kwargs,
             concurrency=gen.concurrency,
+            driver=gen.driver,
             progress=ctx.progress,
             reused=reused,
         )
@@ -155,13 +174,12 @@ def _tree_phase(
     normalizer: float | None,
     positions: list[int],
 ) -> None:
-    """Grow the trees chunk by chunk (each finished chunk one line of ``trees.jsonl``, its pair
-    records in ``pairs_detail.jsonl``; a rank's own files under several processes), then write
-    the kept pairs (the main process, after gathering every rank's chunks)."""
+    """Grow the trees in one search, each saved as it completes (one line of ``trees.jsonl``, its
+    pair records in ``pairs_detail.jsonl``; a rank's own files under several processes), then
+    write the kept pairs (the main process, after gathering every rank's trees)."""
     from optima_trainers.dpo.pairs import select_top_pairs
 
     config, folder, shard = ctx.config, ctx.folder, ctx.shard
-    gen, tree_cfg = config.generation, config.tree
     # the run's one scorer: the tree reward, turn losses cached (a tree replays its prefixes), the
     # constant normalizer or the paper's running per-instance max, the scored event once each
     scorer = EpisodeScorer(
@@ -172,70 +190,88 @@ def _tree_phase(
         on_scored=ctx.on_scored,
     )
     mcts_env = {k: v for k, v in env_kwargs.items() if k not in ("split", "max_turns", "diverse_formats")}
-    per_chunk = max(1, gen.concurrency // max(1, tree_cfg.rollouts))
-    chunks = _chunks(positions, per_chunk)
 
     def grow(
         numbers: list[int], trees_path: Path, reused: Mapping[int, Any]
     ) -> dict[int, list[dict[str, Any]]]:
-        details_path = _details_of(trees_path)
-        done = finished_chunks(trees_path)
-        _prune_details(details_path, set(done))  # a chunk's records whose trees line never came
-        for number in numbers:
-            if number in done or number in reused:
-                continue
-            done[number] = _grow_chunk(ctx, policy, scorer, mcts_env, number, chunks[number], details_path)
-            append_jsonl(trees_path, [{"chunk": number, "trees": done[number]}])
-            fault_point("mcts_chunk")
+        done = finished_trees(trees_path)
+        _prune_details(_details_of(trees_path), set(done))  # a tree's records whose line never came
+        todo = [n for n in numbers if n not in done and n not in reused]
+        if todo:
+            _grow_trees(ctx, policy, scorer, mcts_env, [(n, positions[n]) for n in todo], trees_path, done)
         return done
 
-    numbers = list(range(len(chunks)))
+    numbers = list(range(len(positions)))
     if shard.world == 1:
         _fold_trees(folder, numbers)
         done = grow(numbers, folder / "trees.jsonl", {})
+        _order_trees(folder)
     else:
         play_shard(shard, folder, "trees.jsonl", numbers, lambda ps, path, reused: grow(ps, path, reused),
-                   key_of=_chunk_key, what="chunks of trees")  # fmt: skip
+                   key_of=_chunk_key, what="trees")  # fmt: skip
         if not shard.main:
             return
         done = _gather_trees(shard, folder, numbers)
     trees_done = [t for number in sorted(done) for t in done[number]]
     per_tree = [[PreferencePair.from_dict(p) for p in t["pairs"]] for t in trees_done]
-    write_pairs(folder / "pairs.jsonl", select_top_pairs(per_tree, tree_cfg.pair_fraction))
+    write_pairs(folder / "pairs.jsonl", select_top_pairs(per_tree, config.tree.pair_fraction))
 
 
-def _grow_chunk(
+def _grow_trees(
     ctx: GenerationContext,
     policy: ChatPolicy,
     scorer: EpisodeScorer,
     mcts_env: Mapping[str, Any],
-    number: int,
-    chunk: list[int],
-    details_path: Path,
-) -> list[dict[str, Any]]:
-    """Grow one chunk's trees; append its pair records to ``details_path``; return its records."""
+    todo: list[tuple[int, int]],
+    trees_path: Path,
+    done: dict[int, list[dict[str, Any]]],
+) -> None:
+    """Grow the trees ``todo`` (``(number, cursor position)`` each) in one search; append each
+    tree's pair records to the file beside ``trees_path``, then its line to ``trees_path``, as
+    soon as it completes (and record it in ``done``)."""
     from optima_trainers.dpo.pairs import append_pair_details, pair_details
     from optima_trainers.tree.search import build_trees
 
     config = ctx.config
-    trees = build_trees(
+    details_path = _details_of(trees_path)
+
+    def save(i: int, tree: Any) -> None:
+        number = todo[i][0]
+        details = pair_details(
+            [tree], chunk=number, fraction=config.tree.pair_fraction,
+            train_capped_turns=config.sft.train_capped_turns,  # one home: SFT's and the pairs' capped turns
+        )  # fmt: skip
+        append_pair_details(details_path, details)
+        done[number] = [_tree_record(tree, config)]
+        append_jsonl(trees_path, [{"chunk": number, "trees": done[number]}])
+        fault_point("mcts_tree")
+
+    build_trees(
         ctx.task,
         policy,
-        [p % ctx.num_train for p in chunk],
+        [p % ctx.num_train for _, p in todo],
         reward_fn=scorer.score,
         split=config.split,
         seed=ctx.seed,
         search=config.tree,
         generation=config.generation,
         env_kwargs=mcts_env,
-        keys=chunk,
+        keys=[p for _, p in todo],
+        concurrency=config.generation.concurrency,
+        driver=config.generation.driver,
+        on_tree=save,
         progress=ctx.progress,
     )
-    record = [_tree_record(t, config) for t in trees]
-    capped = config.sft.train_capped_turns  # one home: SFT's and the pairs' capped turns
-    details = pair_details(trees, chunk=number, fraction=config.tree.pair_fraction, train_capped_turns=capped)
-    append_pair_details(details_path, details)
-    return record
+
+
+def _order_trees(folder: Path) -> None:
+    """One process: rewrite ``trees.jsonl`` (and ``pairs_detail.jsonl``) in tree order once every
+    tree is there, when they were appended in another order (nothing when already in order)."""
+    path = folder / "trees.jsonl"
+    records = read_records(path)
+    ordered = sorted(records, key=_chunk_key)
+    if ordered != records:
+        _write_trees(folder, [(path, r) for r in ordered])
 
 
 def _details_of(trees_path: Path) -> Path:
@@ -253,12 +289,14 @@ def _prune_details(path: Path, chunks: set[int]) -> None:
 
 
 def _chunk_key(record: dict[str, Any]) -> int:
-    return _chunk_record(record)[0]
+    number, trees = _chunk_record(record)
+    _check_one_tree(number, trees)
+    return number
 
 
 def _write_trees(folder: Path, gathered: list[tuple[Path, dict[str, Any]]]) -> None:
-    """Write ``pairs_detail.jsonl`` then ``trees.jsonl`` (main process) from gathered chunk records,
-    each chunk's pair records from the file beside the trees file it came from."""
+    """Write ``pairs_detail.jsonl`` then ``trees.jsonl`` (main process) from gathered tree records,
+    each tree's pair records from the file beside the trees file it came from."""
     from optima_trainers.dpo.pairs import PAIR_DETAILS
 
     by_source: dict[Path, dict[int, list[dict[str, Any]]]] = {}
@@ -275,7 +313,7 @@ def _write_trees(folder: Path, gathered: list[tuple[Path, dict[str, Any]]]) -> N
 
 
 def _fold_trees(folder: Path, numbers: list[int]) -> None:
-    """One process resuming a tree stage that several began: merge their chunks into the stage's
+    """One process resuming a tree stage that several began: merge their trees into the stage's
     files and remove the shard files."""
     from optima_trainers.dpo.pairs import PAIR_DETAILS
 
@@ -287,7 +325,7 @@ def _fold_trees(folder: Path, numbers: list[int]) -> None:
 
 
 def _gather_trees(shard: Shard, folder: Path, numbers: list[int]) -> dict[int, list[dict[str, Any]]]:
-    """The main process: every rank's chunks, once all are done, written to the stage's files."""
+    """The main process: every rank's trees, once all are done, written to the stage's files."""
     from optima_trainers.dpo.pairs import PAIR_DETAILS
 
     gathered = collect(shard, folder, "trees.jsonl", numbers, key_of=_chunk_key)
@@ -322,7 +360,7 @@ def read_tree_stage(
     folder: Path, config: TrainConfig
 ) -> tuple[list[Episode], list[PreferencePair], dict[str, float]]:
     """``(trajectories, kept pairs, metrics)`` of a generated tree stage."""
-    trees = [t for _, chunk in sorted(finished_chunks(folder / "trees.jsonl").items()) for t in chunk]
+    trees = [t for _, line in sorted(finished_chunks(folder / "trees.jsonl").items()) for t in line]
     episodes = [Episode.from_dict(e) for t in trees for e in t.get("trajectories", [])]
     pairs = read_pairs(folder / "pairs.jsonl")
     counts = [e.num_tokens for e in read_episodes(folder / "normalizer.jsonl")]
