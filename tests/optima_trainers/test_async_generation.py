@@ -63,11 +63,13 @@ class UnevenEngine:
         return [(ticket, self.script.generate([request], sampling)[0])]
 
 
-def run_stage(folder: Path, **overrides) -> UnevenEngine:
-    """Generate (or resume) a 3-tree stage of ie/synth-v0 into ``folder`` with :class:`UnevenEngine`."""
+def run_stage(folder: Path, *, sampled: bool = False, **overrides) -> UnevenEngine:
+    """Generate (or resume) a 3-tree stage of ie/synth-v0 into ``folder`` with :class:`UnevenEngine`
+    (``sampled``: a sampled stage of 2 instances x 2 conversations instead)."""
     from optima_task_synth import SyntheticChainTask
 
     from optima_trainers.generation.rollouts import GenerationContext
+    from optima_trainers.generation.samples import generate_sample_stage
     from optima_trainers.host.stages import Stage
     from optima_trainers.tree.stage import generate_tree_stage
 
@@ -75,7 +77,7 @@ def run_stage(folder: Path, **overrides) -> UnevenEngine:
     task.bind("ie/synth-v0")
     sizes = {"generation.max_turns": 4, "tree.instances": 3, "tree.normalizer_instances": 1,
              "tree.selections": 2, "tree.rollouts": 2, "tree.theta_filter": -100.0, "tree.theta_diff": 0.0,
-             "reward.short_trajectory_tokens": None, **overrides}  # fmt: skip
+             "generation.num_samples": 2, "reward.short_trajectory_tokens": None, **overrides}  # fmt: skip
     config = resolve_config("ie/synth-v0", "idpo", overrides=sizes)
     policy = UnevenEngine()
     assert isinstance(policy, TurnEngine)
@@ -84,6 +86,9 @@ def run_stage(folder: Path, **overrides) -> UnevenEngine:
         def optima_episode_scored(self, **kwargs) -> None:
             pass
 
+        def optima_select_training_data(self, episodes, **kwargs):
+            return episodes
+
     env = {"split": "train", "max_turns": 4, "scoring": False}
     ctx = GenerationContext(
         task=task, config=config, stage=Stage(name="iter_01", kind="dpo", number=1, generate="tree"),
@@ -91,7 +96,10 @@ def run_stage(folder: Path, **overrides) -> UnevenEngine:
         env_kwargs=lambda p, diverse=False: dict(env), readability=lambda: (lambda texts: [2.0] * len(texts)),
         events=Events(), phase=lambda *a: None,
     )  # fmt: skip
-    generate_tree_stage(ctx, normalizer_indices=[0], tree_positions=TREE_POSITIONS)
+    if sampled:
+        generate_sample_stage(ctx, indices=TREE_POSITIONS[1:], init=False)
+    else:
+        generate_tree_stage(ctx, normalizer_indices=[0], tree_positions=TREE_POSITIONS)
     return policy
 
 
@@ -109,6 +117,16 @@ def test_driver_reaches_every_rollout_of_a_tree_stage(tmp_path: Path) -> None:
         assert (tmp_path / "auto" / name).read_bytes() == (tmp_path / "batch" / name).read_bytes(), name
     assert [r["chunk"] for r in lines(tmp_path / "auto" / "trees.jsonl")] == [0, 1, 2]
     assert all(len(r["trees"]) == 1 for r in lines(tmp_path / "auto" / "trees.jsonl"))
+
+
+def test_driver_reaches_the_rollouts_of_a_sampled_stage(tmp_path: Path) -> None:
+    turns = run_stage(tmp_path / "auto", sampled=True, **{"generation.driver": "turns"})
+    assert turns.calls["submit"] == turns.calls["poll"] > 0 and turns.calls["generate"] == 0
+    batch = run_stage(tmp_path / "batch", sampled=True, **{"generation.driver": "batch"})
+    assert batch.calls["generate"] > 0 and batch.calls["submit"] == 0
+    for name in ("episodes.jsonl", "scored.jsonl", "selected.jsonl"):
+        assert (tmp_path / "auto" / name).read_bytes() == (tmp_path / "batch" / name).read_bytes(), name
+    assert len(lines(tmp_path / "auto" / "episodes.jsonl")) == 4
 
 
 def test_each_tree_is_saved_as_it_completes_and_a_killed_stage_resumes_by_tree(tmp_path: Path) -> None:
