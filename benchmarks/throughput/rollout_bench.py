@@ -123,7 +123,7 @@ class SuiteConfig:
     vllm_threads_bind: str = "auto"
     """``VLLM_CPU_OMP_THREADS_BIND``: ``auto`` is vLLM's default (one core per worker thread, one
     kept for its scheduler); ``0-1`` gives its worker both cores."""
-    eos_episodes: int = 24
+    eos_episodes: int = 16
     """Episodes of the EOS workload (``eos_episodes / samples`` instances x ``samples``)."""
     eos_concurrency: int = 4
     """EOS workload: episodes in flight, and the engine's batch slots (both drivers)."""
