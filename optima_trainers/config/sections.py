@@ -72,7 +72,7 @@ class GenerationConfig:
     (:func:`optima_env.rollout.rollout`): the transformers engine's and CTranslate2's
     :attr:`batch_size`, vLLM's ``max_num_seqs`` (:attr:`vllm_max_num_seqs`); for the servers
     (``backend="openai"``, no capacity of their own) the rollout's default, 32, which is also the
-    client's requests in flight."""
+    client's requests in flight (:func:`optima_trainers.generation.rollouts.in_flight`)."""
     batch_size: int = 32
     """The engine's batch slots: requests the transformers engine decodes at once (its continuous
     batching admits a new turn into each slot that frees) and CTranslate2's batch. vLLM sizes its

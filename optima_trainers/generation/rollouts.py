@@ -20,7 +20,7 @@ from typing import Any
 from optima_env.configtree import ConfigError
 from optima_env.errors import DataError
 from optima_env.io import append_jsonl, read_episodes, write_episodes
-from optima_env.policy import ChatPolicy, SamplingParams
+from optima_env.policy import ChatPolicy, SamplingParams, TurnEngine
 from optima_env.registry import readability_specs
 from optima_env.rollout import RolloutJob, rollout
 from optima_env.task import Task
@@ -32,6 +32,7 @@ from optima_trainers.host.stages import Stage
 __all__ = [
     "GenerationContext",
     "episode_summary",
+    "in_flight",
     "load_readability_scorer",
     "resumable_rollout",
 ]
@@ -78,6 +79,22 @@ class GenerationContext:
 
 
 logger = logging.getLogger(__name__)
+
+
+def in_flight(generation: Any, policy: ChatPolicy) -> int | None:
+    """The conversations in flight of every rollout the trainer makes with ``policy``:
+    ``generation.concurrency`` when set; else ``None`` (:func:`~optima_env.rollout.rollout` sizes
+    it from the engine's ``capacity``: the transformers engine's batch slots, vLLM's
+    ``max_num_seqs``; the servers' client declares none, so the rollout's default) for a turn
+    engine or a policy declaring a ``capacity``, or ``generation.batch_size`` for a policy
+    declaring none (CTranslate2, the transformers path for models outside its fast path): as many
+    conversations as its batch holds."""
+    if generation.concurrency is not None:
+        return generation.concurrency
+    capacity = getattr(policy, "capacity", None)
+    if isinstance(policy, TurnEngine) or (isinstance(capacity, int) and not isinstance(capacity, bool)):
+        return None
+    return generation.batch_size
 
 
 def _job_of(episode: Episode) -> tuple[int, int]:

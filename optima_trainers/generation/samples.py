@@ -29,7 +29,12 @@ from optima_env.policy import SamplingParams
 from optima_env.rollout import RolloutJob, make_jobs
 from optima_env.types import Episode
 from optima_trainers.config.train import TrainConfig
-from optima_trainers.generation.rollouts import GenerationContext, episode_summary, resumable_rollout
+from optima_trainers.generation.rollouts import (
+    GenerationContext,
+    episode_summary,
+    in_flight,
+    resumable_rollout,
+)
 from optima_trainers.generation.shards import collect, discard_shards, fold, play_shard, write_gathered
 from optima_trainers.sft.selection import draw_sample_id
 
@@ -86,7 +91,7 @@ def _generate(ctx: GenerationContext, jobs: list[RolloutJob], *, init: bool) -> 
                 stop=gen.stops(task.agents),
             ),
             env_kwargs=ctx.env_kwargs(policy, diverse=init and gen.diverse_init and task.num_formats > 0),
-            concurrency=gen.concurrency,
+            concurrency=in_flight(gen, policy),
             driver=gen.driver,
             progress=ctx.progress,
             reused=reused,

@@ -37,7 +37,7 @@ from optima_env.rollout import RolloutJob, make_jobs
 from optima_env.types import Episode
 from optima_trainers.config.train import TrainConfig
 from optima_trainers.dpo.records import PreferencePair, read_pairs, write_pairs
-from optima_trainers.generation.rollouts import GenerationContext, resumable_rollout
+from optima_trainers.generation.rollouts import GenerationContext, in_flight, resumable_rollout
 from optima_trainers.generation.shards import (
     Shard,
     collect,
@@ -141,7 +141,7 @@ def _normalizer_phase(
                 stop=gen.stops(ctx.task.agents),
             ),
             env_kwargs=env_kwargs,
-            concurrency=gen.concurrency,
+            concurrency=in_flight(gen, policy),
             driver=gen.driver,
             progress=ctx.progress,
             reused=reused,
@@ -258,7 +258,7 @@ def _grow_trees(
         generation=config.generation,
         env_kwargs=mcts_env,
         keys=[p for _, p in todo],
-        concurrency=config.generation.concurrency,
+        concurrency=in_flight(config.generation, policy),
         driver=config.generation.driver,
         on_tree=save,
         progress=ctx.progress,

@@ -169,6 +169,15 @@ def test_generation_settings_are_validated() -> None:
     assert "max_num_seqs" not in GenerationConfig(backend="vllm").policy_options()
 
 
+def test_conversations_in_flight_come_from_the_engine_unless_set() -> None:
+    from optima_trainers.generation.rollouts import in_flight
+
+    script = ScriptedPolicy(lambda r: "hi")  # declares no capacity (as CTranslate2): its batch size
+    assert in_flight(GenerationConfig(batch_size=7), script) == 7
+    assert in_flight(GenerationConfig(batch_size=7), UnevenEngine()) is None  # rollout asks .capacity
+    assert in_flight(GenerationConfig(batch_size=7, concurrency=3), UnevenEngine()) == 3
+
+
 def test_each_rank_gets_its_own_gpus_for_its_vllm_engine() -> None:
     two = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     assert [rank_gpus({**two, "LOCAL_RANK": r}, 2) for r in ("0", "1")] == ["0", "1"]
