@@ -126,7 +126,12 @@ class PolicyLoader:
                 options["max_model_len"] = self.max_model_len  # the same context as the envs' budget
             if self.reuses_engine and _cuda():
                 options["enable_sleep_mode"] = True  # the engine sleeps while a stage trains
-        with _rank_devices(gen.vllm_tensor_parallel_size) if gen.backend == "vllm" else contextlib.nullcontext():
+        devices = (
+            _rank_devices(gen.vllm_tensor_parallel_size)
+            if gen.backend == "vllm"
+            else contextlib.nullcontext()
+        )
+        with devices:
             policy = load_policy(
                 model,
                 backend=gen.backend,
@@ -270,8 +275,8 @@ def rank_gpus(env: Mapping[str, str], device_count: int, tensor_parallel_size: i
     local = env.get("LOCAL_RANK")
     if int(env.get("WORLD_SIZE", "1")) <= 1 or local is None:
         return None
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    ids = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(device_count)]
+    visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    ids = visible or [str(i) for i in range(device_count)]
     local_world = int(env.get("LOCAL_WORLD_SIZE", str(int(local) + 1)))
     start = int(local) * tensor_parallel_size
     if len(ids) < local_world * tensor_parallel_size or start + tensor_parallel_size > len(ids):

@@ -8,10 +8,11 @@
    tree is appended to ``trees.jsonl`` as ONE line (``{"chunk": <its position in the stage>,
    "trees": [<its record>]}``; the names are those of the former lines of a chunk of trees, so
    that the file's readers are unchanged) the moment its last selection is finished, its pair
-   records to ``pairs_detail.jsonl`` just before (their ``chunk``: the tree's position). A resumed run regrows only the trees it has no line for (a
-   tree is a deterministic function of its own seed and instance, so a regrown tree equals the
-   lost one), and once every tree is there the file is rewritten in tree order (as a gathered
-   file), so its bytes do not depend on which trees finished first.
+   records to ``pairs_detail.jsonl`` just before (their ``chunk``: the tree's position). A
+   resumed run regrows only the trees it has no line for (a tree is a deterministic function of
+   its own seed and instance, so a regrown tree equals the lost one), and once every tree is there
+   the file is rewritten in tree order (as a gathered file), so its bytes do not depend on which
+   trees finished first.
 3. ``pairs``: the top ``tree.pair_fraction`` of each tree's pairs
    (:func:`~optima_trainers.dpo.pairs.select_top_pairs`), written atomically to ``pairs.jsonl``.
 

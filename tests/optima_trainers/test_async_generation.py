@@ -109,7 +109,11 @@ def lines(path: Path) -> list[dict]:
 
 def test_driver_reaches_every_rollout_of_a_tree_stage(tmp_path: Path) -> None:
     turns = run_stage(tmp_path / "auto")  # auto: the policy's own turn engine
-    assert turns.calls["submit"] > 0 and turns.calls["poll"] == turns.calls["submit"] and turns.calls["generate"] == 0
+    assert (
+        turns.calls["submit"] > 0
+        and turns.calls["poll"] == turns.calls["submit"]
+        and turns.calls["generate"] == 0
+    )
     batch = run_stage(tmp_path / "batch", **{"generation.driver": "batch"})  # one generate per step
     assert batch.calls["generate"] > 0 and batch.calls["submit"] == batch.calls["poll"] == 0
     # the same data either way, the trees in tree order in the stage's file
@@ -157,12 +161,14 @@ def test_generation_settings_are_validated() -> None:
     config = resolve_config("ie/synth-v0", "idpo", overrides={"generation.concurrency": "none"})
     assert config.generation.concurrency is None and config.generation.driver == "auto"
     assert resolve_config("ie/synth-v0", "idpo", profile="paper").generation.batch_size == 64
-    with pytest.raises(ConfigError, match="generation.driver.*'auto', 'batch', 'turns'.*'fast'"):
+    with pytest.raises(ConfigError, match=r"generation\.driver.*'auto', 'batch', 'turns'.*'fast'"):
         resolve_config("ie/synth-v0", "idpo", overrides={"generation.driver": "fast"})
-    with pytest.raises(ConfigError, match="generation.driver must be one of auto, batch, turns, got 'fast'"):
+    with pytest.raises(
+        ConfigError, match=r"generation\.driver must be one of auto, batch, turns, got 'fast'"
+    ):
         GenerationConfig(driver="fast")
     for name in ("concurrency", "batch_size", "vllm_max_num_seqs"):
-        with pytest.raises(ConfigError, match=f"generation.{name} must be an int >= 1, got 0"):
+        with pytest.raises(ConfigError, match=rf"generation\.{name} must be an int >= 1, got 0"):
             GenerationConfig(**{name: 0})
     vllm = GenerationConfig(backend="vllm", vllm_max_num_seqs=8)
     assert vllm.policy_options()["max_num_seqs"] == 8
