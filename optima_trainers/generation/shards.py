@@ -1,8 +1,8 @@
 """Data-parallel generation: under ``accelerate launch`` with N processes, every rank plays its
 shard of a stage's jobs with its own engine, and the main process gathers the shards.
 
-A stage's jobs (a sampled stage's episodes, a tree stage's normalizer conversations and chunks of
-trees) are split into N contiguous shards by job position (:meth:`Shard.split`); the split never
+A stage's jobs (a sampled stage's episodes, a tree stage's normalizer conversations and trees)
+are split into N contiguous shards by job position (:meth:`Shard.split`); the split never
 changes a job's seed or request key (they depend on the job alone,
 :func:`optima_env.rollout.job_seed`), so every episode equals a one-process run's.
 
