@@ -22,7 +22,8 @@ def _tiny_llama(folder: Path) -> Path:
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
@@ -46,6 +47,8 @@ def test_the_handoff_suite_times_every_path_and_writes_its_table(tmp_path: Path,
         assert all(seconds > 0 for seconds in row["steps"].values())
         assert row["total_s"] >= sum(row["steps"].values()) * 0.999
         assert row["peak_rss_mib"] > 0 and row["first_token"].startswith("Alice:")
+        assert row["reply"].startswith(row["first_token"])
+        assert (row["base_reply"] is None) == (row["path"] == "reload")
         assert len(row["load_before"]) == 3
     assert set(stored["ratios"]) == {"reload / in_place", "reload / lora"}
     assert stored["command"].startswith("python -m benchmarks.run --suite handoff")
@@ -54,8 +57,9 @@ def test_the_handoff_suite_times_every_path_and_writes_its_table(tmp_path: Path,
                    "total s (min-max)", "peak RSS MiB", "| reload / in_place |", "| reload / lora |",
                    "Load average (1 min)"):  # fmt: skip
         assert header in table, header
-    assert [line.split(":")[0] for line in table.splitlines() if line.startswith("| ") and ":" in line.split("|")[1]] == [
-        f"| {p}" for p in PATHS
-    ]
+    path_rows = [line for line in table.splitlines() if line.startswith("| ") and ":" in line.split("|")[1]]
+    assert [line.split(":")[0] for line in path_rows] == [f"| {p}" for p in PATHS]
+    assert stored["same_reply_every_path"] in (True, False) and stored["base_reply"]
+    assert "Greedy replies of 16 tokens after the handoff" in table
     assert (out / "command.txt").read_text(encoding="utf-8").strip() == stored["command"]
     assert results["medians"] == stored["medians"]
