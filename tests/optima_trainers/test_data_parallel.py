@@ -123,7 +123,7 @@ def test_every_rank_generates_its_shard_and_the_data_equals_one_process(tmp_path
     done = train(run, model=None, processes=2, pythonpath=pythonpath, probe=tmp_path / "probe-r")
     assert f"{shard}: reusing 1 finished episodes of 2" in done.stderr
     for rank in (0, 1):
-        for what in ("2 of 4 jobs", "1 of 2 normalizer conversations", "1 of 2 chunks of trees"):
+        for what in ("2 of 4 jobs", "1 of 2 normalizer conversations", "1 of 2 trees"):
             assert f"rank {rank}/2: generating {what}" in done.stderr, (rank, what)
     assert kept in lines(run / "iter_00" / "episodes.jsonl")
     assert_same_data(run, one)

@@ -120,7 +120,7 @@ def test_trees_built_through_the_python_api_equal_the_runs_tree_stage(idpo_run: 
     normalizer = percentile_normalizer(
         counts, tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding
     )
-    policy = load_policy(str(idpo_run / "iter_00" / "checkpoint"), backend="hf", batch_size=gen.concurrency,
+    policy = load_policy(str(idpo_run / "iter_00" / "checkpoint"), backend="hf", batch_size=gen.batch_size,
                          dtype=config.dtype)  # fmt: skip
     first = gen.instances + tree_cfg.normalizer_instances  # the cursor after the init and normalizer
     positions = list(range(first, first + tree_cfg.instances))
