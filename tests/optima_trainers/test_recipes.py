@@ -42,6 +42,8 @@ def test_every_task_trainer_preset_and_profile_resolves_as_before() -> None:
         if diff:
             changed[case] = diff
     assert not changed, changed
+    for case, old in before.items():  # the captured batch size is the engine's batch slots now
+        assert now[case]["generation.batch_size"] == old["generation.concurrency"], case
     # the fixture holds the recipes (the check would pass vacuously if no recipe were applied)
     assert before["ie/hotpotqa-v0 isft-dpo paper cpu"]["dpo.beta"] == 0.5
     assert before["ie/hotpotqa-v0 isft-dpo code cpu"]["dpo.beta"] == 0.1
