@@ -299,6 +299,7 @@ def _dp(cfg: Any) -> dict[str, Any]:
             "tokens_per_s": tokens / (end - start),
             "slot_utilization": tokens / (cfg.eos_concurrency * steps) if steps else None,
             "rank_seconds": [r["end"] - r["start"] for r in ranks],
+            "rank_tokens": [r["generated_tokens"] for r in ranks],
             "rank_episodes": [len(r["texts"]) for r in ranks],
             "load_1min": os.getloadavg()[0],
             "played": [p for r in ranks for p in r["played"]],
