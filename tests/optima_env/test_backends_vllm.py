@@ -139,14 +139,15 @@ def test_new_weights_reach_the_running_engine_in_place(vllm_policy, tmp_path) ->
 def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_just_trained(
     vllm_policy, tmp_path, monkeypatch
 ) -> None:
-    """A 2-stage iSFT run with generation.backend=vllm starts one engine; stage 2 generates after the
-    engine loaded iter_00's checkpoint in place, and a fresh engine on that checkpoint replays
-    stage 2's episodes exactly (same jobs, seeds and batch)."""
+    """A 3-stage iSFT run with generation.backend=vllm starts one engine, whose weights are loaded in
+    place twice; stage 3 generates after the engine loaded iter_01's checkpoint, and a fresh engine
+    on that checkpoint replays stage 3's episodes exactly (same jobs and seeds)."""
     pytest.importorskip("trl")
     from optima_env.backends.loading import load_policy
     from optima_env.io import read_episodes
     from optima_env.registry import get_plugin_manager
-    from optima_trainers import IterativeTrainer, RunDir, engines, resolve_config
+    from optima_trainers import IterativeTrainer, RunDir, resolve_config
+    from optima_trainers.generation import engines
     from optima_trainers.host.stages import stage_seed
 
     vllm_policy.close()  # the module's engine is done (this test runs last): free its memory
@@ -157,12 +158,12 @@ def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_j
              "generation.max_turns": 2, "generation.max_new_tokens": 8, "generation.concurrency": 4,
              "sft.max_steps": 1, "selection.theta": -100.0}  # fmt: skip
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    config = resolve_config("ie/synth-v0", "isft", profile="cpu", iterations=2, overrides=sizes)
+    config = resolve_config("ie/synth-v0", "isft", profile="cpu", iterations=3, overrides=sizes)
     trainer = IterativeTrainer(config, run_dir=RunDir.create(config, run_dir=tmp_path / "run"), progress=False)
     trainer.run()
     assert len(started) == 1  # one engine for the run
-    checkpoint = tmp_path / "run" / "iter_00" / "checkpoint"
-    stored = read_episodes(tmp_path / "run" / "iter_01" / "episodes.jsonl")
+    checkpoint = tmp_path / "run" / "iter_01" / "checkpoint"
+    stored = read_episodes(tmp_path / "run" / "iter_02" / "episodes.jsonl")
     fresh = load_policy(str(checkpoint), backend="vllm", dtype="float32", max_model_len=1024,
                         gpu_memory_utilization=0.2)  # fmt: skip
     try:
@@ -170,9 +171,9 @@ def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_j
         replay = rollout(
             trainer.task,
             fresh,
-            jobs=make_jobs(range(2, 4), gen.num_samples, stage_seed(config.seed, "iter_01")),
+            jobs=make_jobs(range(4, 6), gen.num_samples, stage_seed(config.seed, "iter_02")),
             sampling=SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_new_tokens=gen.max_new_tokens,
-                                    seed=stage_seed(config.seed, "iter_01"), stop=gen.stops(trainer.task.agents)),
+                                    seed=stage_seed(config.seed, "iter_02"), stop=gen.stops(trainer.task.agents)),
             env_kwargs={**trainer._env_kwargs(fresh), "pm": get_plugin_manager()},
             concurrency=gen.concurrency,
             reset_options=lambda job: {"index": job.index % trainer.num_train},
