@@ -234,16 +234,19 @@ def eos_table(c: dict[str, Any], results: dict[str, dict[str, Any]], t: dict[str
             "trainer's job split): wall time from the first rank's start to the last rank's end, "
             "after every rank loaded its model.",
             "",
-            "| processes | threads each | episodes | useful tokens | seconds | tokens/s | speedup "
-            "| slot utilization | same texts | load (1 min) |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| processes | threads each | episodes | useful tokens | tokens per rank | seconds per rank "
+            "| seconds | tokens/s | speedup | slot utilization | same texts | load (1 min) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for key, layout in dp["layouts"].items():
             many = key != "1"
             same = f"{dp['episodes_equal']} of {dp['episodes_compared']}" if many else ""
             lines.append(
                 f"| {layout['processes']} | {layout['threads_each']} | {layout['episodes']} "
-                f"| {layout['generated_tokens']} | {_fmt(layout['seconds'])} "
+                f"| {layout['generated_tokens']} "
+                f"| {' / '.join(str(n) for n in layout.get('rank_tokens', []))} "
+                f"| {' / '.join(_fmt(x) for x in layout.get('rank_seconds', []))} "
+                f"| {_fmt(layout['seconds'])} "
                 f"| {_fmt(layout['tokens_per_s'])} | {_fmt(dp['speedup'], '.2f') if many else '1.00'} "
                 f"| {_pct(layout['slot_utilization'])} "
                 f"| {same} "

@@ -174,8 +174,8 @@ DRIVERS_HEADER = (
     "| same texts | load (1 min) |"
 )
 DP_HEADER = (
-    "| processes | threads each | episodes | useful tokens | seconds | tokens/s | speedup "
-    "| slot utilization | same texts | load (1 min) |"
+    "| processes | threads each | episodes | useful tokens | tokens per rank | seconds per rank "
+    "| seconds | tokens/s | speedup | slot utilization | same texts | load (1 min) |"
 )
 
 
@@ -244,7 +244,8 @@ def test_the_eos_tables_come_from_saved_phases_and_leave_the_other_phases_saved(
     layout = dict(processes=1, threads_each=1, episodes=8, generated_tokens=1000, seconds=20.0,
                   tokens_per_s=50.0, slot_utilization=0.8, load_1min=2.0)  # fmt: skip
     dp = dict(backend="transformers fast path, turns driver, 1 thread per process", batch=4,
-              layouts={"1": layout, "2": dict(layout, processes=2, seconds=12.5, tokens_per_s=80.0)},
+              layouts={"1": layout, "2": dict(layout, processes=2, seconds=12.5, tokens_per_s=80.0,
+                                                rank_tokens=[400, 600], rank_seconds=[10.0, 12.5])},
               speedup=1.6, episodes_equal=8, episodes_compared=8)  # fmt: skip
     saved = {"drivers_engine": drivers, "drivers_vllm": {"skipped": "no vLLM"}, "dp_engine": dp}
     for name, result in saved.items():
@@ -262,7 +263,7 @@ def test_the_eos_tables_come_from_saved_phases_and_leave_the_other_phases_saved(
         "| transformers fast path | turns | 4 | 8 | 30 | 10 / 40 / 90 (128) | 1000 | 270 | 93% | 100.0 "
         "| 100.0 | 2.00 | 2.00 | 1.85 | 7 of 8 | 1.5 |" in table
     )
-    assert "| 2 | 1 | 8 | 1000 | 12.5 | 80.0 | 1.60 | 80% | 8 of 8 | 2.0 |" in table
+    assert "| 2 | 1 | 8 | 1000 | 400 / 600 | 10.0 / 12.5 | 12.5 | 80.0 | 1.60 | 80% | 8 of 8 | 2.0 |" in table
     assert "| drivers_vllm | skipped: no vLLM |" in table
     assert (
         "transformers: turns driver slot utilization 93% (target >= 90%: met), tokens/s turns / batch "
