@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EOS_FIELDS", "EOS_PHASES", "main", "run_eos_phase"]
+__all__ = ["EOS_FIELDS", "EOS_PHASES", "cpu_seconds", "main", "run_eos_phase"]
 
 EOS_PHASES = ("drivers_engine", "drivers_vllm", "dp_engine")
 """The phases of the EOS workload, in the order the suite runs them."""
@@ -64,6 +64,22 @@ EOS_FIELDS = (
 
 COMPARED = ("batch", "turns")
 """The drivers compared, the old one first."""
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its live children (vLLM's engine processes)."""
+    total = time.process_time()
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with accelerate
+        return total
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
 
 
 def run_eos_phase(name: str, cfg: Any) -> dict[str, Any]:
@@ -88,7 +104,6 @@ def _play(
     cfg: Any, policy: Any, tokenizer: Any, jobs: list[Any], driver: str, *, progress: bool = True
 ) -> tuple[list[Any], float, float]:
     """Play ``jobs`` under ``driver``; the episodes, wall seconds and CPU seconds."""
-    from benchmarks.throughput.rollout_phases import cpu_seconds
     from optima_env import make_task
     from optima_env.policy import SamplingParams
     from optima_env.rollout import rollout

@@ -14,7 +14,9 @@ import re
 import time
 from typing import Any
 
-__all__ = ["PHASES", "cpu_seconds", "linear_shapes", "phase_batch", "run_phase"]
+from benchmarks.throughput.rollout_drivers import cpu_seconds
+
+__all__ = ["PHASES", "linear_shapes", "phase_batch", "run_phase"]
 
 PHASES = (
     "gemm",
@@ -80,22 +82,6 @@ def _sampling(cfg: Any):
     return SamplingParams(
         temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, ignore_eos=True
     )
-
-
-def cpu_seconds() -> float:
-    """CPU time (user + system) of this process and its live children (vLLM's engine processes)."""
-    total = time.process_time()
-    try:
-        import psutil
-    except ImportError:  # pragma: no cover - psutil comes with accelerate
-        return total
-    for child in psutil.Process().children(recursive=True):
-        try:
-            times = child.cpu_times()
-            total += times.user + times.system
-        except psutil.Error:
-            pass
-    return total
 
 
 def _play(cfg: Any, policy: Any, tokenizer: Any, *, naive: bool, concurrency: int) -> dict[str, Any]:
