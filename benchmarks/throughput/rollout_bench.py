@@ -123,8 +123,11 @@ class SuiteConfig:
     vllm_threads_bind: str = "auto"
     """``VLLM_CPU_OMP_THREADS_BIND``: ``auto`` is vLLM's default (one core per worker thread, one
     kept for its scheduler); ``0-1`` gives its worker both cores."""
-    eos_episodes: int = 16
-    """Episodes of the EOS workload (``eos_episodes / samples`` instances x ``samples``)."""
+    eos_episodes: int = 64
+    """Episodes of the EOS workload (``eos_episodes / samples`` instances x ``samples``): 16 per
+    slot, so that the run's tail (its last conversations finishing alone, a few slots busy) weighs
+    about as little as it does in a stage; with 4 per slot the tail alone cost the turns driver a
+    fifth of its slot steps."""
     eos_concurrency: int = 4
     """EOS workload: episodes in flight, and the engine's batch slots (both drivers)."""
     eos_threads: int = 1

@@ -329,9 +329,9 @@ def _dp(cfg: Any) -> dict[str, Any]:
             "rank_tokens": [r["generated_tokens"] for r in ranks],
             "rank_episodes": [len(r["texts"]) for r in ranks],
             "load_1min": os.getloadavg()[0],
-            "played": [p for r in ranks for p in r["played"]],
+            "played": in_job_order(ranks, "played"),
         }
-        outputs[world] = [t for r in ranks for t in r["texts"]]
+        outputs[world] = in_job_order(ranks, "texts")
     one, many = layouts["1"], layouts[str(cfg.dp_processes)]
     return {
         "backend": "transformers fast path, turns driver, 1 thread per process",
@@ -341,6 +341,18 @@ def _dp(cfg: Any) -> dict[str, Any]:
         "episodes_equal": sum(a == b for a, b in zip(outputs[1], outputs[cfg.dp_processes])),
         "episodes_compared": len(outputs[1]),
     }
+
+
+def in_job_order(ranks: list[dict[str, Any]], key: str) -> list[Any]:
+    """The ranks' ``key`` lists (one item per job of their shard) merged back into job order."""
+    from optima_trainers.generation.shards import Shard
+
+    world, total = len(ranks), sum(len(r[key]) for r in ranks)
+    merged: list[Any] = [None] * total
+    for rank, result in enumerate(ranks):
+        for position, item in zip(Shard(rank, world).split(range(total)), result[key], strict=True):
+            merged[position] = item
+    return merged
 
 
 def _launch(config: dict[str, Any], world: int, folder: Path) -> list[dict[str, Any]]:

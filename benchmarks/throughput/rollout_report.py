@@ -252,8 +252,50 @@ def eos_table(c: dict[str, Any], results: dict[str, dict[str, Any]], t: dict[str
                 f"| {same} "
                 f"| {_fmt(layout['load_1min'])} |"
             )
+    lines += [line for _, r in drivers if (line := step_cost_line(r))]
     lines += ["", _eos_targets_line(t)]
     return "\n".join(lines) + "\n"
+
+
+def step_cost(r: dict[str, Any]) -> dict[str, float] | None:
+    """What a decode step costs beyond its rows' work, from the two drivers' rows of one engine.
+
+    Both drivers generate the same tokens from the same prompts; they differ in decode steps. With
+    CPU time = ``fixed`` x decode steps + (work per token and prefill, equal on both), ``fixed``
+    = (CPU s old - CPU s new) / (steps old - steps new). ``None`` without CPU times, when the rows'
+    tokens differ (then the work per token is not the same on both), or when the fixed part comes
+    out outside (0, all of the new driver's time)."""
+    old, new = r.get("drivers", {}).get("batch"), r.get("drivers", {}).get("turns")
+    if not old or not new or old["generated_tokens"] != new["generated_tokens"]:
+        return None
+    if not old.get("cpu_seconds") or not new.get("cpu_seconds") or old["decode_steps"] == new["decode_steps"]:
+        return None
+    fixed = (old["cpu_seconds"] - new["cpu_seconds"]) / (old["decode_steps"] - new["decode_steps"])
+    if not 0 < fixed * new["decode_steps"] < new["cpu_seconds"]:
+        return None  # the rows do not fit the model (e.g. a load change between them)
+    return {
+        "fixed_s": fixed,
+        "fixed_share_new": fixed * new["decode_steps"] / new["cpu_seconds"],
+        "steps_old_over_new": old["decode_steps"] / new["decode_steps"],
+    }
+
+
+def step_cost_line(r: dict[str, Any]) -> str:
+    """The sentence that reads :func:`step_cost` for one engine ("" when it cannot be computed)."""
+    cost = step_cost(r)
+    if cost is None:
+        return ""
+    return (
+        f"\n{r['backend']}: a decode step costs {cost['fixed_s'] * 1000:.1f} ms of CPU time beyond its "
+        f"live rows' work (from the two rows: the same tokens in {r['drivers']['batch']['decode_steps']} "
+        f"and {r['drivers']['turns']['decode_steps']} steps), {_pct(cost['fixed_share_new'])} of the "
+        "turns driver's CPU time; the rest is work per generated token and prefill, the same under "
+        "both drivers, so tokens/s moves less than slot utilization here (the batch driver's finished "
+        "rows leave its batch: its idle slots cost time only through the step's fixed part). Where a "
+        "step costs the same for any number of live rows up to the slots (decode on a GPU is bound by "
+        "reading the weights), tokens/s follows the decode steps: old / new decode steps "
+        f"{cost['steps_old_over_new']:.2f}."
+    )
 
 
 def _met(value: Any, target: float) -> str:

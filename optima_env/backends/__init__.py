@@ -11,7 +11,20 @@ Each backend imports its heavy dependencies lazily, inside the module that needs
   (:class:`~optima_env.backends.vllm.VLLMPolicy`).
 * :mod:`optima_env.backends.openai`: OpenAI-compatible chat-completion servers over HTTP, with
   concurrency, several base URLs, retries and timeouts
-  (:class:`~optima_env.backends.openai.OpenAIChatPolicy`).
+  (:class:`~optima_env.backends.openai.OpenAIChatPolicy`); its HTTP pieces (reading a completion,
+  the administration calls) in :mod:`optima_env.backends.openai_http`, and which server serves a
+  request (sticky sessions, failover, cool-down) in :mod:`optima_env.backends.replicas`.
+
+Their parts:
+
+* :mod:`optima_env.backends.hf_stream`: the transformers engine's continuous batching (a
+  :class:`~optima_env.policy.TurnEngine`); :mod:`optima_env.backends._kv`: its KV-cache machinery.
+* :mod:`optima_env.backends.vllm_turns`: vLLM's engine as a :class:`~optima_env.policy.TurnEngine`.
+* :mod:`optima_env.backends.ct2_convert`, :mod:`optima_env.backends.ct2_readability`:
+  CTranslate2 conversion, and the readability term scored through it.
+* :mod:`optima_env.backends.keyed`: per-request sampling off the fast path;
+  :mod:`optima_env.backends.loading`: :func:`~optima_env.backends.loading.load_policy`;
+  :mod:`optima_env.backends.peft_adapter`: LoRA adapter folders.
 
 All of them render the same chat prompts and return replies that start with the request's forced
 prefix; the environment counts tokens with the model's tokenizer, whichever backend spoke.

@@ -2,8 +2,11 @@
 shard of a stage's jobs with its own engine, and the main process gathers the shards.
 
 A stage's jobs (a sampled stage's episodes, a tree stage's normalizer conversations and trees)
-are split into N contiguous shards by job position (:meth:`Shard.split`); the split never
-changes a job's seed or request key (they depend on the job alone,
+are dealt to the N ranks in turn by job position (:meth:`Shard.split`: rank r plays positions
+r, r + N, r + 2N, ...). A stage's jobs come instance by instance, each instance's samples side by
+side, and instances differ in length (the EOS workload of ``--suite rollout``: contiguous halves
+gave one rank twice the other's tokens); dealt in turn, every rank gets its share of every
+instance. The split never changes a job's seed or request key (they depend on the job alone,
 :func:`optima_env.rollout.job_seed`), so every episode equals a one-process run's.
 
 Files, in the stage folder (``episodes.jsonl`` as the example)::
@@ -78,9 +81,9 @@ class Shard:
         return Shard(rank, self.world)
 
     def split(self, items: Sequence[T]) -> list[T]:
-        """This rank's contiguous part of ``items`` (sizes differ by at most one)."""
-        n = len(items)
-        return list(items[self.rank * n // self.world : (self.rank + 1) * n // self.world])
+        """This rank's part of ``items``, dealt in turn: positions ``rank, rank + world, ...``
+        (sizes differ by at most one; each rank gets its share of every run of similar jobs)."""
+        return list(items[self.rank :: self.world])
 
 
 def _stem_suffix(name: str) -> tuple[str, str]:

