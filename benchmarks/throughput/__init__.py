@@ -3,7 +3,8 @@
 * :mod:`~benchmarks.throughput.rollout_bench`: rollout engines and drivers side by side
   (``--suite rollout``), its phases (:mod:`~benchmarks.throughput.rollout_phases`, one
   subprocess each; the driver phases in :mod:`~benchmarks.throughput.rollout_drivers`) and
-  tables (:mod:`~benchmarks.throughput.rollout_report`);
+  tables (:mod:`~benchmarks.throughput.rollout_report`; the EOS workload's in
+  :mod:`~benchmarks.throughput.rollout_eos_report`);
 * :mod:`~benchmarks.throughput.handoff_bench`: a stage's handoff to the next, from "trained"
   to the next stage's first token, per weight-delivery path (``--suite handoff``);
 * :mod:`~benchmarks.throughput.loop_bench`: one training iteration per phase, per engine

@@ -215,7 +215,8 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
         assert (folder / "adapter_model.safetensors").is_file() and (folder / "adapter_config.json").is_file()
     assert summary["adapters"]["iSFT"]["folder"].endswith("adapters/synth/isft")
     assert summary["adapters"]["iSFT"]["rank"] == spec.adapter_rank
-    adopted = json.loads((out / "synth" / "train" / "idpo" / "iter_00" / "adopted.json").read_text(encoding="utf-8"))
+    adopted_file = out / "synth" / "train" / "idpo" / "iter_00" / "adopted.json"
+    adopted = json.loads(adopted_file.read_text(encoding="utf-8"))
     assert adopted["from"] == str(out / "synth" / "train" / "isft" / "iter_00")
     curves = summary["curves"]
     assert [p["shared"] for p in curves["iDPO"]] == [True, False]
