@@ -164,7 +164,7 @@ class StreamingDecoder:
         kv, logits, info = policy._prefill(prompts, extra=0)
         width = kv.buf.shape[4]
         n, k = len(self.rows), len(taken)
-        self._ensure(left=width, right=1, upcoming=max(s.max_new_tokens for _, _, s in taken))
+        self._ensure(left=width, right=1, upcoming=max(s.max_new_tokens for _, _, s in taken), rows=n + k)
         cursor = self.cursor
         self.buf[:, :, n : n + k, :, cursor - width : cursor].copy_(kv.buf)
         self.valid[n : n + k] = False
@@ -280,15 +280,23 @@ class StreamingDecoder:
         self.rows.pop()
         self._cache = None
 
-    def _ensure(self, *, left: int, right: int, upcoming: int = 0) -> None:
-        """At least ``left`` columns before the cursor and ``right`` from it; reallocates if not.
+    def _ensure(self, *, left: int, right: int, upcoming: int = 0, rows: int = 0) -> None:
+        """At least ``left`` columns before the cursor and ``right`` from it, and room for ``rows``
+        rows; reallocates if not.
 
         A reallocation keeps the running rows' columns from the first one any row uses, so the
         columns of rows that left are dropped, and adds room to the right for
         ``max(right, 64, half the kept width)`` tokens, capped at the longest a running row (or an
-        ``upcoming`` one) may still generate.
+        ``upcoming`` one) may still generate. Rows are allocated for the requests that run, not
+        for every slot (doubling up to ``batch_size``): the buffer's size is rows x columns, and
+        a 32-slot engine playing 4 long conversations held 3.2x the memory of a 4-slot one.
         """
-        if self.buf is not None and self.cursor >= left and self.buf.shape[4] - self.cursor >= right:
+        if (
+            self.buf is not None
+            and self.cursor >= left
+            and self.buf.shape[4] - self.cursor >= right
+            and self.buf.shape[2] >= rows
+        ):
             return
         torch = require("torch", "train")
         model = self.policy.model
@@ -305,7 +313,8 @@ class StreamingDecoder:
         grow = max(right, min(max(_MIN_GROW, kept // 2), remaining + 1))
         layers, kv_heads, head_dim = _kv.kv_geometry(model)
         dtype = next(model.parameters()).dtype
-        slots = self.policy.batch_size
+        have, need = (0 if self.buf is None else self.buf.shape[2]), max(rows, n, 1)
+        slots = have if need <= have else min(self.policy.batch_size, max(need, 2 * have))
         buf = torch.zeros(
             layers, 2, slots, kv_heads, cursor + grow, head_dim, dtype=dtype, device=model.device
         )

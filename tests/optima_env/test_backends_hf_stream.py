@@ -101,6 +101,28 @@ def test_capacity_bounds_the_running_rows_and_slots_are_refilled_in_order(tiny, 
     assert engine.stats.slot_steps == 2 * 11
 
 
+def test_the_kv_buffer_holds_rows_for_the_running_requests_not_for_every_slot(tiny, tokenizer) -> None:
+    engine = TransformersPolicy(tiny, tokenizer, batch_size=32)
+    long, short = (SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True) for n in (12, 3))
+    engine.submit(0, conversation(0, 2), long)
+    engine.submit(1, conversation(1, 2), short)
+    first = engine.poll()
+    assert [t for t, _ in first] == [1]
+    assert engine._stream.buf.shape[2] == 2  # two requests ran: two rows, not 32
+    for ticket in (2, 3, 4):  # three join the one still running: 4 rows needed, doubled from 2
+        engine.submit(ticket, conversation(ticket, 2), short)
+    replies = dict(first)
+    replies.update(engine.poll())
+    assert engine._stream.buf.shape[2] == 4
+    replies.update(drain(engine)[0])
+    assert sorted(replies) == [0, 1, 2, 3, 4]
+    for ticket, sampling in ((0, long), (1, short), (3, short)):
+        assert (
+            replies[ticket]
+            == TransformersPolicy(tiny, tokenizer).generate([conversation(ticket, 2)], sampling)[0]
+        )
+
+
 def test_generate_counts_slot_steps_on_both_paths(tiny, tokenizer) -> None:
     sampling = SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)
     for fast in (True, False):
