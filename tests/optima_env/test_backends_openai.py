@@ -238,9 +238,19 @@ def test_the_api_key_is_never_logged_nor_shown(monkeypatch, caplog) -> None:
 
 
 def test_finished_episodes_are_kept_when_the_server_goes_down() -> None:
-    # Every answer is "<A>Ivofen</A>", so an episode ends after 2 turns; the server dies after 4 answers.
+    # Every answer is "<A>Ivofen</A>", so an episode ends after 2 turns. The server fails every
+    # request of the third conversation: a first turn (its prompt holds no earlier answer) after
+    # two others. Decided by content, not arrival order: with 2 conversations in flight, the third
+    # may start while the second's last turn is still on its way.
+    served: set[str] = set()  # the first turns answered (the first two conversations')
+
     def dies(n, body):
-        return ("ok", "<A>Ivofen</A>") if n <= 4 else ("status", 500)
+        text = json.dumps(body, sort_keys=True)
+        if "<A>Ivofen</A>" not in text and text not in served:
+            if len(served) == 2:
+                return ("status", 500)
+            served.add(text)
+        return ("ok", "<A>Ivofen</A>")
 
     task = make_task("ie/synth-v0")
     seen = []
@@ -254,7 +264,7 @@ def test_finished_episodes_are_kept_when_the_server_goes_down() -> None:
                 on_episode=lambda pos, ep: seen.append(pos),
             )
     err = info.value
-    assert sorted(err.finished) == seen == [0, 1] and err.pending == [2]
+    assert sorted(err.finished) == sorted(seen) == [0, 1] and err.pending == [2]  # either may end first
     assert all(ep.final_answer == "Ivofen" and len(ep.turns) == 2 for ep in err.episodes)
     assert "after 2 attempts" in str(err.__cause__)
 
