@@ -104,37 +104,44 @@ def eos_table(c: dict[str, Any], results: dict[str, dict[str, Any]], t: dict[str
             else:
                 lines += _driver_lines(r)
     if dp:
-        lines += [
-            "",
-            f"Data-parallel generation ({dp['backend']}, {dp['batch']} slots per process, the "
-            "trainer's job split): wall time from the first rank's start to the last rank's end, "
-            "after every rank loaded its model.",
-            "",
-            "| processes | threads each | episodes | useful tokens | tokens per rank | seconds per rank "
-            "| tokens/s per rank | seconds | tokens/s | speedup | slot utilization | same texts "
-            "| load (1 min) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for key, layout in dp["layouts"].items():
-            many = key != "1"
-            same = f"{dp['episodes_equal']} of {dp['episodes_compared']}" if many else ""
-            lines.append(
-                f"| {layout['processes']} | {layout['threads_each']} | {layout['episodes']} "
-                f"| {layout['generated_tokens']} "
-                f"| {' / '.join(str(n) for n in layout.get('rank_tokens', []))} "
-                f"| {' / '.join(fmt(x) for x in layout.get('rank_seconds', []))} "
-                f"| {' / '.join(fmt(x) for x in rank_rates(layout))} "
-                f"| {fmt(layout['seconds'])} "
-                f"| {fmt(layout['tokens_per_s'])} | {fmt(dp['speedup'], '.2f') if many else '1.00'} "
-                f"| {pct(layout['slot_utilization'])} "
-                f"| {same} "
-                f"| {fmt(layout['load_1min'])} |"
-            )
-        if line := dp_shares_line(dp):
-            lines += ["", line]
+        lines += _dp_lines(dp)
     lines += [line for _, r in drivers if (line := step_cost_line(r))]
     lines += ["", _eos_targets_line(t)]
     return "\n".join(lines) + "\n"
+
+
+def _dp_lines(dp: dict[str, Any]) -> list[str]:
+    """The data-parallel table and what its rows say about the speedup."""
+    lines: list[str] = []
+    lines += [
+        "",
+        f"Data-parallel generation ({dp['backend']}, {dp['batch']} slots per process, the "
+        "trainer's job split): wall time from the first rank's start to the last rank's end, "
+        "after every rank loaded its model.",
+        "",
+        "| processes | threads each | episodes | useful tokens | tokens per rank | seconds per rank "
+        "| tokens/s per rank | seconds | tokens/s | speedup | slot utilization | same texts "
+        "| load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, layout in dp["layouts"].items():
+        many = key != "1"
+        same = f"{dp['episodes_equal']} of {dp['episodes_compared']}" if many else ""
+        lines.append(
+            f"| {layout['processes']} | {layout['threads_each']} | {layout['episodes']} "
+            f"| {layout['generated_tokens']} "
+            f"| {' / '.join(str(n) for n in layout.get('rank_tokens', []))} "
+            f"| {' / '.join(fmt(x) for x in layout.get('rank_seconds', []))} "
+            f"| {' / '.join(fmt(x) for x in rank_rates(layout))} "
+            f"| {fmt(layout['seconds'])} "
+            f"| {fmt(layout['tokens_per_s'])} | {fmt(dp['speedup'], '.2f') if many else '1.00'} "
+            f"| {pct(layout['slot_utilization'])} "
+            f"| {same} "
+            f"| {fmt(layout['load_1min'])} |"
+        )
+    if line := dp_shares_line(dp):
+        lines += ["", line]
+    return lines
 
 
 def rank_rates(layout: dict[str, Any]) -> list[float]:
