@@ -12,8 +12,9 @@ rendering, the same sampler with the same per-request generator (:func:`~optima_
 the same stop rule and reply cut, so a request gets the text it gets from ``generate``, up to
 floating-point differences between batch shapes (which can only flip a near tie).
 
-The KV states live in one buffer ``[layers, 2, batch_size, kv heads, width, head dim]`` whose
-first ``n`` slots are the running rows. Every row writes its next token at the same column (the
+The KV states live in one buffer ``[layers, 2, rows, kv heads, width, head dim]`` (rows for the
+requests that run, doubled as more join, at most ``batch_size``) whose first ``n`` rows are the
+running ones. Every row writes its next token at the same column (the
 cursor); a row admitted later is placed right-aligned before the cursor, so rows of different
 lengths and ages share the buffer, the attention mask marking each row's own columns (keys are
 stored after RoPE, so a column's place does not matter, only the mask). A finished row is
