@@ -105,7 +105,9 @@ def eos_table(c: dict[str, Any], results: dict[str, dict[str, Any]], t: dict[str
                 lines += _driver_lines(r)
     if dp:
         lines += _dp_lines(dp)
-    lines += [line for _, r in drivers if (line := step_cost_line(r))]
+    for _, r in drivers:
+        if line := step_cost_line(r):
+            lines += ["", line]
     lines += ["", _eos_targets_line(t)]
     return "\n".join(lines) + "\n"
 
@@ -208,7 +210,7 @@ def step_cost_line(r: dict[str, Any]) -> str:
     if cost is None:
         return ""
     return (
-        f"\n{r['backend']}: a decode step costs {cost['fixed_s'] * 1000:.1f} ms of CPU time beyond its "
+        f"{r['backend']}: a decode step costs {cost['fixed_s'] * 1000:.1f} ms of CPU time beyond its "
         f"live rows' work (from the two rows: the same tokens in {r['drivers']['batch']['decode_steps']} "
         f"and {r['drivers']['turns']['decode_steps']} steps), {pct(cost['fixed_share_new'])} of the "
         "turns driver's CPU time; the rest is work per generated token and prefill, the same under "
