@@ -91,6 +91,10 @@ class TransformersPolicy:
         fast: use the fast decode loop (``None``: when the model supports it); ``False`` uses
             ``model.generate``.
         prefix_cache_mb: memory for KV states kept across calls (fast path; 0 turns it off).
+        kv_cache_mb: memory for the KV states of the running batch of ``submit``/``poll``
+            (continuous batching): a queued request joins only while every running row, run to
+            its ``max_new_tokens``, still fits. A request that alone needs more runs alone.
+            While the buffer is reallocated the old one lives too, so the peak is up to twice this.
     """
 
     def __init__(
@@ -101,9 +105,13 @@ class TransformersPolicy:
         batch_size: int = 32,
         fast: bool | None = None,
         prefix_cache_mb: int = 2048,
+        kv_cache_mb: float = 4096,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise TaskContractError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if isinstance(kv_cache_mb, bool) or not isinstance(kv_cache_mb, int | float) or not kv_cache_mb > 0:
+            raise TaskContractError(f"kv_cache_mb must be a number > 0 (MiB), got {kv_cache_mb!r}")
+        self.kv_cache_mb = kv_cache_mb
         self.model = model
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
@@ -137,7 +145,7 @@ class TransformersPolicy:
         from optima_env.backends.peft_adapter import is_adapter, load_merged
         from optima_env.models import load_model
 
-        own = {k: kwargs.pop(k) for k in ("batch_size", "fast", "prefix_cache_mb") if k in kwargs}
+        own = {k: kwargs.pop(k) for k in ("batch_size", "fast", "prefix_cache_mb", "kv_cache_mb") if k in kwargs}
         load = load_merged if is_adapter(name_or_path) else load_model
         model, tokenizer = load(name_or_path, **kwargs)
         return cls(model, tokenizer, **own)

@@ -52,6 +52,16 @@ _MIN_GROW = 64
 
 
 @dataclass(eq=False)
+class _Queued:
+    """One request waiting for a slot; its prompt is encoded once, when it first nears admission."""
+
+    ticket: int
+    request: GenerationRequest
+    sampling: SamplingParams
+    prompt: np.ndarray | None = None
+
+
+@dataclass(eq=False)
 class _Row:
     """One request in the running batch."""
 
@@ -63,6 +73,11 @@ class _Row:
     """Position id of the next token fed (prompt length + tokens fed so far)."""
     generator: Any = None
     out: list[int] = field(default_factory=list)
+
+    @property
+    def most(self) -> int:
+        """Tokens the row may hold by the time it ends (prompt plus its ``max_new_tokens``)."""
+        return len(self.prompt) + self.sampling.max_new_tokens
 
 
 class StreamingDecoder:
@@ -76,7 +91,7 @@ class StreamingDecoder:
 
     def __init__(self, policy: Any) -> None:
         self.policy = policy
-        self.queue: deque[tuple[int, GenerationRequest, SamplingParams]] = deque()
+        self.queue: deque[_Queued] = deque()
         self.rows: list[_Row] = []
         self._pending: set[int] = set()
         self._release()
@@ -100,7 +115,7 @@ class StreamingDecoder:
                 f"({type(request).__name__}, {type(sampling).__name__})"
             )
         self._pending.add(ticket)
-        self.queue.append((ticket, request, sampling))
+        self.queue.append(_Queued(ticket, request, sampling))
 
     def poll(self) -> list[tuple[int, str]]:
         """Run sampling rounds until a row ends; the ``(ticket, reply)`` pairs that ended.
@@ -158,27 +173,62 @@ class StreamingDecoder:
         free = policy.batch_size - len(self.rows)
         if free <= 0 or not self.queue:
             return None
-        taken = [self.queue.popleft() for _ in range(min(free, len(self.queue)))]
         policy._check_weights()
-        prompts = policy._encode([request for _, request, _ in taken])
+        taken = self._fitting(free)
+        if not taken:
+            return None
+        prompts = [queued.prompt for queued in taken]
         policy._share_prefixes(prompts)
         kv, logits, info = policy._prefill(prompts, extra=0)
-        width = kv.buf.shape[4]
-        n, k = len(self.rows), len(taken)
-        self._ensure(left=width, right=1, upcoming=max(s.max_new_tokens for _, _, s in taken), rows=n + k)
+        n = len(self.rows)
+        upcoming = max(queued.sampling.max_new_tokens for queued in taken)
+        self._ensure(left=max(len(p) for p in prompts), right=1, upcoming=upcoming, rows=n + len(taken))
         cursor = self.cursor
-        self.buf[:, :, n : n + k, :, cursor - width : cursor].copy_(kv.buf)
-        self.valid[n : n + k] = False
-        self.valid[n : n + k, cursor - width : cursor] = info["valid"]
         torch = require("torch", "train")
-        for (ticket, request, sampling), prompt in zip(taken, prompts):
-            generator = None
+        for b, (queued, prompt) in enumerate(zip(taken, prompts)):
+            # each row right-aligned before the cursor without the prefill's padding, so the buffer
+            # is as wide as its longest row, not as the prefill's cached prefix plus its longest tail
+            index = info["valid"][b].nonzero().squeeze(1).to(kv.buf.device)
+            self.buf[:, :, n + b, :, cursor - len(prompt) : cursor].copy_(kv.buf[:, :, b].index_select(3, index))
+            self.valid[n + b] = False
+            self.valid[n + b, cursor - len(prompt) : cursor] = True
+            sampling, generator = queued.sampling, None
             if sampling.seed is not None and not sampling.greedy:
-                seed = request_seed(sampling.seed, request.key)
+                seed = request_seed(sampling.seed, queued.request.key)
                 generator = torch.Generator(device=policy.model.device).manual_seed(seed)
-            self.rows.append(_Row(ticket, request, sampling, prompt, len(prompt), generator))
+            self.rows.append(_Row(queued.ticket, queued.request, sampling, prompt, len(prompt), generator))
         self._cache = None
         return logits
+
+    def _fitting(self, free: int) -> list[_Queued]:
+        """Up to ``free`` queued requests, in order, taken off the queue while the KV budget allows.
+
+        Admitting k requests to n running rows needs ``(n + k) x`` the most tokens any of them may
+        hold (prompt plus ``max_new_tokens``) within the policy's ``kv_cache_mb``; a request is
+        admitted alone, over the budget, when nothing else runs (it could never run otherwise).
+        """
+        head = [queued for _, queued in zip(range(free), self.queue)]
+        fresh = [queued for queued in head if queued.prompt is None]
+        if fresh:
+            for queued, prompt in zip(fresh, self.policy._encode([q.request for q in fresh])):
+                queued.prompt = prompt
+        budget = self._budget_tokens()
+        most = max((row.most for row in self.rows), default=0)
+        taken: list[_Queued] = []
+        for queued in head:
+            most = max(most, len(queued.prompt) + queued.sampling.max_new_tokens)
+            if (self.rows or taken) and (len(self.rows) + len(taken) + 1) * most > budget:
+                break
+            taken.append(queued)
+        for _ in taken:
+            self.queue.popleft()
+        return taken
+
+    def _budget_tokens(self) -> int:
+        """The policy's ``kv_cache_mb`` in tokens of KV states."""
+        layers, kv_heads, head_dim = _kv.kv_geometry(self.policy.model)
+        size = next(self.policy.model.parameters()).element_size()
+        return int(self.policy.kv_cache_mb * 2**20) // (layers * 2 * kv_heads * head_dim * size)
 
     def _decode_step(self) -> Any:
         """Feed every running row its last sampled token; the next-token logits."""
@@ -289,8 +339,10 @@ class StreamingDecoder:
         columns of rows that left are dropped, and adds room to the right for
         ``max(right, 64, half the kept width)`` tokens, capped at the longest a running row (or an
         ``upcoming`` one) may still generate. Rows are allocated for the requests that run, not
-        for every slot (doubling up to ``batch_size``): the buffer's size is rows x columns, and
-        a 32-slot engine playing 4 long conversations held 3.2x the memory of a 4-slot one.
+        for every slot (the next power of two, at most ``batch_size``): the buffer's size is rows x
+        columns, and a 32-slot engine playing 4 long conversations held 3.2x the memory of a 4-slot
+        one. The spare rows and columns are cut to keep the buffer within ``kv_cache_mb`` (down to
+        what the running rows need).
         """
         if (
             self.buf is not None
@@ -311,11 +363,12 @@ class StreamingDecoder:
         cursor = pad + kept
         remaining = max((r.sampling.max_new_tokens - len(r.out) for r in self.rows), default=upcoming)
         remaining = max(remaining, upcoming)
-        grow = max(right, min(max(_MIN_GROW, kept // 2), remaining + 1))
+        need, budget = max(rows, n, 1), self._budget_tokens()
+        slots = min(self.policy.batch_size, 1 << (need - 1).bit_length())
+        slots = max(need, min(slots, budget // (cursor + right)))
+        grow = max(right, min(max(_MIN_GROW, kept // 2), remaining + 1, budget // slots - cursor))
         layers, kv_heads, head_dim = _kv.kv_geometry(model)
         dtype = next(model.parameters()).dtype
-        have, need = (0 if self.buf is None else self.buf.shape[2]), max(rows, n, 1)
-        slots = have if need <= have else min(self.policy.batch_size, max(need, 2 * have))
         buf = torch.zeros(
             layers, 2, slots, kv_heads, cursor + grow, head_dim, dtype=dtype, device=model.device
         )
@@ -330,8 +383,8 @@ class StreamingDecoder:
         """Everything queued, answered by the policy's ``generate``, one batch per sampling."""
         groups: dict[SamplingParams, list[tuple[int, GenerationRequest]]] = {}
         while self.queue:
-            ticket, request, sampling = self.queue.popleft()
-            groups.setdefault(sampling, []).append((ticket, request))
+            queued = self.queue.popleft()
+            groups.setdefault(queued.sampling, []).append((queued.ticket, queued.request))
         done = []
         for sampling, items in groups.items():
             replies = self.policy.generate([request for _, request in items], sampling)

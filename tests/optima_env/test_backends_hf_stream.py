@@ -123,6 +123,100 @@ def test_the_kv_buffer_holds_rows_for_the_running_requests_not_for_every_slot(ti
         )
 
 
+def kv_bytes_per_token(model) -> int:
+    from optima_env.backends import _kv
+
+    layers, kv_heads, head_dim = _kv.kv_geometry(model)
+    return layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
+
+
+def test_the_kv_budget_bounds_the_running_rows_and_a_lone_request_runs_over_it(tiny, tokenizer) -> None:
+    sampling = SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True)
+    requests = [conversation(i, 2) for i in range(5)]
+    probe = TransformersPolicy(tiny, tokenizer, prefix_cache_mb=0)
+    most = max(len(p) for p in probe._encode(requests)) + sampling.max_new_tokens
+    per_token = kv_bytes_per_token(tiny)
+    budget = 2.5 * most * per_token  # two rows run to their cap fit, three do not
+    engine = TransformersPolicy(tiny, tokenizer, batch_size=8, kv_cache_mb=budget / 2**20)
+    for ticket, request in enumerate(requests):
+        engine.submit(ticket, request, sampling)
+    replies, running = {}, []
+    while out := engine.poll():
+        replies.update(out)
+        stream = engine._stream
+        running.append(stream.running)
+        if stream.buf is not None:
+            assert stream.buf[0, 0, :, 0, :, 0].numel() * per_token <= budget
+    assert max(running) <= 2 and engine.stats.slot_steps == 8 * engine.stats.decode_steps
+    assert engine.stats.decode_steps >= 3 * sampling.max_new_tokens  # 2 + 2 + 1 rows, one group after another
+    assert [replies[i] for i in range(5)] == probe.generate(requests, sampling)
+    lone = TransformersPolicy(tiny, tokenizer, batch_size=8, kv_cache_mb=most * per_token / 4 / 2**20)
+    lone.submit(0, requests[0], sampling)
+    assert lone.poll() == [(0, replies[0])]
+
+
+def test_the_buffer_shrinks_to_the_rows_that_still_run(tiny, tokenizer) -> None:
+    engine = TransformersPolicy(tiny, tokenizer, batch_size=8)
+    stream = engine._stream
+    shapes = []
+    ensure = stream._ensure
+
+    def recording(**kwargs):
+        ensure(**kwargs)
+        shapes.append((len(stream.rows), stream.buf.shape[2], stream.buf.shape[4]))
+
+    stream._ensure = recording
+    long, short = (SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True) for n in (200, 3))
+    engine.submit(0, conversation(0, 1), long)
+    for ticket in (1, 2, 3):
+        engine.submit(ticket, conversation(ticket, 1), short)
+    assert sorted(drain(engine)[0]) == [0, 1, 2, 3]
+    assert shapes[0][:2] == (0, 4)  # four admitted: four rows
+    # the long row alone, past the first columns: the buffer was reallocated with one row
+    assert any(rows == 1 and slots == 1 for rows, slots, _ in shapes[1:])
+
+
+def test_decode_buffers_are_freed_at_once_without_the_garbage_collector(tiny, tokenizer) -> None:
+    """The cache layers wrapping a buffer must not sit in a reference cycle: with a class made per
+    call they did, and every reallocated buffer lived until the next full collection."""
+    import gc
+    import weakref
+
+    from optima_env.backends import _kv
+
+    engine = TransformersPolicy(tiny, tokenizer, batch_size=4)
+    seen = []
+    sampling = SamplingParams(temperature=0, max_new_tokens=150, ignore_eos=True)
+    gc.collect()
+    gc.disable()
+    try:
+        buf = torch.zeros(2, 2, 1, 2, 8, 16)
+        cache = _kv.BatchKV(buf, 0).cache()
+        alone = weakref.ref(buf)
+        del buf, cache
+        assert alone() is None
+        for ticket in range(3):
+            engine.submit(ticket, conversation(ticket, 2), sampling)
+        while engine.poll() or engine._stream.running:
+            pass
+        stream = engine._stream
+        ensure = stream._ensure
+
+        def recording(**kwargs):
+            ensure(**kwargs)
+            if not seen or seen[-1]() is not stream.buf:
+                seen.append(weakref.ref(stream.buf))
+
+        stream._ensure = recording
+        for ticket in range(3):
+            engine.submit(10 + ticket, conversation(ticket, 3), sampling)
+        assert len(drain(engine)[0]) == 3
+        assert len(seen) >= 2  # reallocated while running
+        assert [ref() for ref in seen] == [None] * len(seen)  # nothing running: every buffer freed
+    finally:
+        gc.enable()
+
+
 def test_generate_counts_slot_steps_on_both_paths(tiny, tokenizer) -> None:
     sampling = SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)
     for fast in (True, False):
