@@ -189,7 +189,9 @@ class StreamingDecoder:
             # each row right-aligned before the cursor without the prefill's padding, so the buffer
             # is as wide as its longest row, not as the prefill's cached prefix plus its longest tail
             index = info["valid"][b].nonzero().squeeze(1).to(kv.buf.device)
-            self.buf[:, :, n + b, :, cursor - len(prompt) : cursor].copy_(kv.buf[:, :, b].index_select(3, index))
+            self.buf[:, :, n + b, :, cursor - len(prompt) : cursor].copy_(
+                kv.buf[:, :, b].index_select(3, index)
+            )
             self.valid[n + b] = False
             self.valid[n + b, cursor - len(prompt) : cursor] = True
             sampling, generator = queued.sampling, None

@@ -70,7 +70,7 @@ def candidate_pairs(
       stages): the chosen turn did not run to the generation cap (:attr:`~optima_trainers.tree.nodes.Node.capped`), and
       not every trajectory through the chosen side was cut at the depth limit;
     * ``tree.pair_task_credit``: the chosen side's task credit (:attr:`~optima_trainers.tree.nodes.Node.task_credit`)
-      exceeds the rejected side's.
+      exceeds the rejected side's by more than ``tree.pair_task_gap`` (0: by anything).
 
     Thresholds and ``minmax`` default to ``tree.search``'s.
     """
@@ -82,6 +82,7 @@ def candidate_pairs(
         candidates = _proposed(tree, node, minmax or search.minmax)
         prompt = tuple(tree.prompt_messages(node))
         for best, worst in candidates:
+            credit_gap = best.task_credit - worst.task_credit
             reasons = [
                 name
                 for name, fails in (
@@ -90,7 +91,7 @@ def candidate_pairs(
                     ("theta_diff", not best.value - worst.value > theta_diff),
                     ("capped", not train_capped_turns and best.capped),
                     ("depth_cut", not train_capped_turns and best.depth_cuts == best.visits),
-                    ("task_credit", search.pair_task_credit and not best.task_credit > worst.task_credit),
+                    ("task_credit", search.pair_task_credit and not credit_gap > search.pair_task_gap),
                 )
                 if fails
             ]

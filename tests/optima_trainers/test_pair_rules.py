@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from optima_env import ConversationEnv
-from optima_env.errors import DataError
+from optima_env.errors import DataError, OptimaError
 from optima_env.policy import ScriptedPolicy, request_seed
 from optima_env.reward import RewardBreakdown
 from optima_env.rollout import run_episode
@@ -101,6 +101,22 @@ def test_task_credit_keeps_a_pair_only_when_the_chosen_side_earned_more_task() -
     assert [(p.chosen, p.rejected) for p in paper.pairs()] == [
         ("Alice: a quite different turn", "Alice: zzz words words")
     ]
+
+
+def test_a_minimum_task_gap_drops_pairs_whose_chosen_side_earned_only_a_little_more_task() -> None:
+    # X: 2 visits, task credit 0.5 (1.0 and 0.0); Z: 2 visits, task credit 0.4 (0.6 and 0.2)
+    rollouts = [(X, 1.0), (X, 0.0), (Z, 0.6), (Z, 0.2)]
+    for gap, reasons in ((0.0, ()), (0.05, ()), (0.15, ("task_credit",)), (0.3, ("task_credit",))):
+        (candidate,) = grow(
+            tree(minmax="exact", pair_task_credit=True, pair_task_gap=gap), rollouts
+        ).pair_candidates(-1.0, 0.0)
+        assert (candidate.chosen.task, candidate.rejected.task) == pytest.approx((0.5, 0.4))
+        assert candidate.reasons == reasons, gap
+    # the gap is a margin of the task-credit rule, not a rule of its own
+    (alone,) = grow(tree(minmax="exact", pair_task_gap=0.3), rollouts).pair_candidates(-1.0, 0.0)
+    assert alone.reasons == ()
+    with pytest.raises(OptimaError, match="pair_task_gap"):
+        TreeSearchConfig(pair_task_gap=-0.1)
 
 
 def test_a_side_with_too_few_visits_is_no_pair_side() -> None:
