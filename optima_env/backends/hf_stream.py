@@ -20,7 +20,9 @@ lengths and ages share the buffer, the attention mask marking each row's own col
 stored after RoPE, so a column's place does not matter, only the mask). A finished row is
 replaced by the batch's last row (one row copied); the buffer is reallocated only when the cursor
 reaches its end or an admitted prompt is longer than the columns before the cursor, and the
-reallocation drops the columns no running row uses any more.
+reallocation drops the columns no running row uses any more. The policy's ``kv_cache_mb`` bounds
+the buffer: a queued request waits while the running rows and it, each run to its
+``max_new_tokens``, would not fit.
 
 Why written by hand: transformers 5.19 ships ``generation.continuous_batching``
 (``ContinuousBatchingManager``, ``model.init_continuous_batching``), checked first. It samples all
