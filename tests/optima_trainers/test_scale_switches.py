@@ -67,3 +67,17 @@ def test_vllm_policy_refuses_data_parallel_with_what_to_do_instead() -> None:
         VLLMPolicy.from_pretrained("embedded", gpu_memory_utilization=1.5)
     with pytest.raises(TaskContractError, match="tensor_parallel_size must be an int >= 1"):
         VLLMPolicy.from_pretrained("embedded", tensor_parallel_size=0)
+
+
+def test_the_transformers_engines_kv_budget_reaches_the_policy_from_the_trainer_cli() -> None:
+    from optima_env.backends.loading import load_policy
+
+    config = trainer_config("--backend", "hf", "--set", "generation.hf_kv_cache_mb=512")
+    assert config.generation.policy_options() == {"kv_cache_mb": 512}
+    policy = load_policy("embedded", backend="hf", batch_size=4, **config.generation.policy_options())
+    assert policy.kv_cache_mb == 512
+    assert load_policy("embedded", backend="hf", batch_size=4).kv_cache_mb == 4096  # the engine's default
+    with pytest.raises(ConfigError, match=r"generation.hf_kv_cache_mb must be a finite number > 0"):
+        trainer_config("--backend", "hf", "--set", "generation.hf_kv_cache_mb=0")
+    with pytest.raises(TaskContractError, match="kv_cache_mb must be a number > 0"):
+        load_policy("embedded", backend="hf", batch_size=4, kv_cache_mb=-1)
