@@ -18,7 +18,8 @@ Each backend imports its heavy dependencies lazily, inside the module that needs
 Their parts:
 
 * :mod:`optima_env.backends.hf_stream`: the transformers engine's continuous batching (a
-  :class:`~optima_env.policy.TurnEngine`); :mod:`optima_env.backends._kv`: its KV-cache machinery.
+  :class:`~optima_env.policy.TurnEngine`); :mod:`optima_env.backends._kv`: its KV-cache machinery;
+  :mod:`optima_env.backends._tokens`: its per-token helpers (sampling, stop strings).
 * :mod:`optima_env.backends.vllm_turns`: vLLM's engine as a :class:`~optima_env.policy.TurnEngine`.
 * :mod:`optima_env.backends.ct2_convert`, :mod:`optima_env.backends.ct2_readability`:
   CTranslate2 conversion, and the readability term scored through it.

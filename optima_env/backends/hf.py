@@ -33,7 +33,8 @@ import numpy as np
 
 from optima_env.backends import _kv
 from optima_env.backends._kv import decode_roofline
-from optima_env.backends.hf_stream import StreamingDecoder, cached_ids, has_stop, sample_next
+from optima_env.backends._tokens import cached_ids, has_stop, sample_next
+from optima_env.backends.hf_stream import StreamingDecoder
 from optima_env.errors import BackendError, TaskContractError, require
 from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
 
@@ -145,7 +146,8 @@ class TransformersPolicy:
         from optima_env.backends.peft_adapter import is_adapter, load_merged
         from optima_env.models import load_model
 
-        own = {k: kwargs.pop(k) for k in ("batch_size", "fast", "prefix_cache_mb", "kv_cache_mb") if k in kwargs}
+        names = ("batch_size", "fast", "prefix_cache_mb", "kv_cache_mb")
+        own = {k: kwargs.pop(k) for k in names if k in kwargs}
         load = load_merged if is_adapter(name_or_path) else load_model
         model, tokenizer = load(name_or_path, **kwargs)
         return cls(model, tokenizer, **own)

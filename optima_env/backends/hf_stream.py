@@ -1,6 +1,6 @@
 """Continuous batching for the transformers backend: the :class:`~optima_env.policy.TurnEngine`
-side of :class:`~optima_env.backends.hf.TransformersPolicy`, and the per-token helpers (sampling,
-stop strings) its batch loop shares.
+side of :class:`~optima_env.backends.hf.TransformersPolicy` (the per-token helpers it shares with
+the batch loop, sampling and stop strings, are in :mod:`optima_env.backends._tokens`).
 
 :class:`StreamingDecoder` keeps one running batch of at most ``batch_size`` rows. Each sampling
 round feeds the rows' last tokens through one decode step, prefills the queued requests that fit
@@ -44,10 +44,11 @@ from typing import Any
 import numpy as np
 
 from optima_env.backends import _kv
+from optima_env.backends._tokens import cached_ids, has_stop, sample_next
 from optima_env.errors import BackendError, OptimaError, TaskContractError, require
 from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
 
-__all__ = ["StreamingDecoder", "cached_ids", "has_stop", "sample_next"]
+__all__ = ["StreamingDecoder"]
 
 _MIN_GROW = 64
 """Columns added at least when the buffer grows to the right."""
@@ -394,35 +395,3 @@ class StreamingDecoder:
             replies = self.policy.generate([request for _, request in items], sampling)
             done.extend((ticket, reply) for (ticket, _), reply in zip(items, replies))
         return done
-
-
-def cached_ids(prompt: np.ndarray, generated: list[int]) -> np.ndarray:
-    """The tokens whose KV states a row holds: the prompt and every generated token but the last."""
-    return np.concatenate([prompt, np.asarray(generated[:-1], dtype=np.int64)])
-
-
-def sample_next(logits: Any, sampling: SamplingParams, generators: list | None, suppress: list[int] | None):
-    """Next token per row: greedy, or temperature / top-p sampling with per-row generators."""
-    import torch
-
-    if suppress:
-        logits[:, suppress] = float("-inf")
-    if sampling.greedy:
-        return logits.argmax(-1)
-    logits = logits / sampling.temperature
-    if sampling.top_p < 1.0:
-        sorted_logits, index = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs > sampling.top_p
-        sorted_logits[drop] = float("-inf")
-        logits = torch.full_like(logits, float("-inf")).scatter_(1, index, sorted_logits)
-    probs = logits.softmax(-1)
-    if generators is None:
-        return torch.multinomial(probs, 1).squeeze(1)
-    return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
-
-
-def has_stop(tokenizer: Any, tail: list[int], stop: tuple[str, ...]) -> bool:
-    """Whether the decoded ``tail`` tokens contain a stop string."""
-    text = tokenizer.decode(tail, skip_special_tokens=True)
-    return any(s in text for s in stop)
