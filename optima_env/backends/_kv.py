@@ -68,6 +68,12 @@ def kv_geometry(model: Any) -> tuple[int, int, int]:
     return config.num_hidden_layers, kv_heads, head_dim
 
 
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes of one token's KV states (keys and values of every layer) in the model's dtype."""
+    layers, kv_heads, head_dim = kv_geometry(model)
+    return layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
+
+
 def gqa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention for grouped KV heads without expanding the cache (``enable_gqa`` of PyTorch's SDPA).
 

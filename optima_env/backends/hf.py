@@ -128,8 +128,7 @@ class TransformersPolicy:
         self.fast = supported if fast is None else fast
         self.prefix_cache: _kv.PrefixCache | None = None
         if self.fast and prefix_cache_mb > 0:
-            layers, kv_heads, head_dim = _kv.kv_geometry(model)
-            per_token = layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
+            per_token = _kv.kv_bytes_per_token(model)
             self.prefix_cache = _kv.PrefixCache(max_tokens=prefix_cache_mb * 2**20 // per_token)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.stats = DecodeStats()

@@ -63,6 +63,11 @@ class _Queued:
     sampling: SamplingParams
     prompt: np.ndarray | None = None
 
+    @property
+    def most(self) -> int:
+        """Tokens it may hold by the time it ends, once admitted (prompt plus ``max_new_tokens``)."""
+        return len(self.prompt) + self.sampling.max_new_tokens
+
 
 @dataclass(eq=False)
 class _Row:
@@ -221,7 +226,7 @@ class StreamingDecoder:
         most = max((row.most for row in self.rows), default=0)
         taken: list[_Queued] = []
         for queued in head:
-            most = max(most, len(queued.prompt) + queued.sampling.max_new_tokens)
+            most = max(most, queued.most)
             if (self.rows or taken) and (len(self.rows) + len(taken) + 1) * most > budget:
                 break
             taken.append(queued)
@@ -231,9 +236,7 @@ class StreamingDecoder:
 
     def _budget_tokens(self) -> int:
         """The policy's ``kv_cache_mb`` in tokens of KV states."""
-        layers, kv_heads, head_dim = _kv.kv_geometry(self.policy.model)
-        size = next(self.policy.model.parameters()).element_size()
-        return int(self.policy.kv_cache_mb * 2**20) // (layers * 2 * kv_heads * head_dim * size)
+        return int(self.policy.kv_cache_mb * 2**20) // _kv.kv_bytes_per_token(self.policy.model)
 
     def _decode_step(self) -> Any:
         """Feed every running row its last sampled token; the next-token logits."""
