@@ -1,4 +1,4 @@
-"""The demo's control: M_0, the shared initialization (iSFT's iteration-0 stage, spec §4), in
+"""The demo's control: M_0, the shared initialization (the iteration-0 stage, spec §4), in
 every table, and the paired difference of every row against it with its 95% bootstrap interval.
 
 iDPO and iSFT-DPO start from M_0, so a stage or an adapter has learned something only where it
@@ -26,11 +26,10 @@ CONTROL = "M_0"
 
 
 def control_label(runs: Sequence[Any]) -> str | None:
-    """The row label of M_0: the first run's first stage (the iSFT initialization the other runs
-    share), or None without runs."""
-    if not runs or not runs[0].stages:
-        return None
-    return stage_label(runs[0].trainer, runs[0].stages[0][0])
+    """The row label of M_0: the first stage of the first run that trained it itself (the others
+    adopted it: their ``shared`` names it), or None without runs."""
+    owner = next((r for r in runs if r.stages and getattr(r, "shared", None) != r.stages[0][0]), None)
+    return None if owner is None else stage_label(owner.trainer, owner.stages[0][0])
 
 
 def _bounds(low: float | None, high: float | None) -> list[float] | None:

@@ -9,7 +9,8 @@ setting where no agent can answer alone, then HotpotQA when its data is present)
 1. **train** iSFT, iDPO and iSFT-DPO with the embedded model (SmolLM2-135M-Instruct; LoRA, fp32,
    the trainers' cpu profile plus the task's overrides), each in ``<out>/<task>/train/<trainer>``.
    The initialization (M_0, spec §4) has the same settings for the three, so it is trained once,
-   by the iSFT run, and copied into the others (hard links; counted once in the compute). A rerun
+   by the first run that reaches it, and copied into the others (hard links; counted once in the
+   compute; the table's M_0 row is that run's iteration-0 stage). A rerun
    with the same ``--out`` resumes every run where it stopped (finished stages are kept; only the
    number of iterations may change).
 2. **export** each run's final model as a small LoRA adapter (``<out>/adapters/<task>/<trainer>``:
@@ -28,11 +29,12 @@ setting where no agent can answer alone, then HotpotQA when its data is present)
    invocation), ``demo.json`` and the plots; with ``--update-readme`` the README's demo block.
 
 What a fresh clone resumes: the episode stores, their ``timing.json``, ``invocations.json``, the
-adapters and each task's training record (``<task>/training.json``:
-:mod:`benchmarks.demo.train`) are committed with the results (see ``.gitignore``); the training
-folders are not (each stage is a full fp32 model, about 540 MB). A clone without them takes the
-runs from the record, so long as it agrees with the recipe and the committed adapters and every
-stage's episodes are in the store, and trains nothing; otherwise it trains again. To reproduce the
+adapters, each task's training record (``<task>/training.json``: :mod:`benchmarks.demo.train`)
+and the training folders but for their merged weights (each stage keeps its LoRA adapter, from
+which a resumed run rebuilds them) are committed with the results (see ``.gitignore``). A clone
+without training folders (runs trained before they were committed) takes the runs from the
+record, so long as it agrees with the recipe and the committed adapters and every stage's
+episodes are in the store, and trains nothing; otherwise it trains again. To reproduce the
 adapters from scratch, pass another ``--out``.
 """
 
@@ -76,12 +78,14 @@ logger = logging.getLogger("benchmarks.demo.suite")
 
 
 def row_labels(runs: Sequence[TrainedRun]) -> dict[tuple[str, str], str]:
-    """The evaluated row of every (trainer, stage): its own, or the iSFT row of a shared M_0."""
+    """The evaluated row of every (trainer, stage): its own, or M_0's row for a shared M_0 (the row
+    of the run that trained it)."""
     labels: dict[tuple[str, str], str] = {}
+    control = control_label(runs)
     for run in runs:
         for stage, _ in run.stages:
-            if stage == run.shared:
-                labels[run.trainer, stage] = stage_label(runs[0].trainer, runs[0].stages[0][0])
+            if stage == run.shared and control is not None:
+                labels[run.trainer, stage] = control
             else:
                 labels[run.trainer, stage] = stage_label(run.trainer, stage)
     return labels
@@ -396,7 +400,7 @@ def _run(
             for trainer in spec.trainers:
                 done += 1
                 print(f"[demo {done}/{units}] {spec.name}: training {trainer_label(trainer)}", flush=True)
-                run = train_run(spec, root, trainer, runs[0] if runs else None, progress=progress)
+                run = train_run(spec, root, trainer, progress=progress)
                 runs.append(run)
                 manifest = export_run(spec, out, run, command=command, git_commit=git_commit)
                 exports[trainer] = {**manifest, "folder": str(adapter_dir(out, spec.name, trainer))}

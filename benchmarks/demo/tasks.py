@@ -157,6 +157,22 @@ _HOTPOTQA_PAIRS: dict[str, Any] = {"tree.instances": 16, "tree.theta_filter": -1
 """HotpotQA's trees for iDPO and iSFT-DPO: more of them, and the synthetic task's pair thresholds
 (see its departures)."""
 
+_SYNTH_PAIRS: dict[str, Any] = {
+    "tree.instances": 112,
+    "tree.pair_task_credit": True,
+    "tree.pair_task_gap": 0.05,
+    "tree.depth_cut": "last_answer",
+    "tree.pair_fraction": 1.0,
+    "dpo.learning_rate": 2e-4,
+    "dpo.epochs": 2,
+    "dpo.evaluate": True,
+}
+"""The synthetic task's iDPO and iSFT-DPO recipe (issue 31), chosen by a measured probe of one
+iteration on 32 trees: pairs whose chosen side earned more task credit (by more than 0.05), rollouts
+cut at the depth limit keep their current answer, every pair that passes is kept, enough trees for
+about 100 pairs per stage, and DPO at SFT's learning rate and epochs, with a held-out tenth of the
+pairs evaluated each stage (see the departures)."""
+
 DEMO_TASKS: tuple[DemoTask, ...] = (
     DemoTask(
         name="synth",
@@ -175,8 +191,8 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
         },
         train_by_trainer={
             "isft": {"iterations": 6},
-            "idpo": {"iterations": 3},
-            "isft-dpo": {"iterations": 3},
+            "idpo": {"iterations": 3, **_SYNTH_PAIRS},
+            "isft-dpo": {"iterations": 3, **_SYNTH_PAIRS},
         },
         eval_instances=100,
         target_score_ratio=3.0,
@@ -188,6 +204,16 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
             "employer (and a rival's), Bob the employers' cities; the symbolic solver "
             "(plugins/optima_task_synth.solve) finds the answer from neither agent's facts alone "
             "(tests/plugins/test_synth.py), so the agents must exchange what they know.",
+            "Preference pairs (iDPO, iSFT-DPO): theta_dpo-filter -1 and theta_dpo-diff 0.05 instead "
+            "of the reference's 0.4 and 0.2 (tree conversations score a task credit of about 0.01-0.02 "
+            "here, so no node passed 0.4), and a pair is kept only when its chosen side earned more "
+            "task credit than its rejected side, by more than 0.05 (tree.pair_task_credit, "
+            "tree.pair_task_gap): in the previous recipe, without it, pairs were decided by length and "
+            "readability and DPO stayed at chance (accuracy 0.5, loss ln 2). A rollout cut at the depth "
+            "limit keeps its current answer (the reference scores it 'error'); every pair that passes "
+            "is kept (pair_fraction 1, reference 0.5); 112 trees per iteration (about 100 pairs at the "
+            "probe's 31 per 32 trees); DPO at SFT's learning rate (2e-4) and epochs (2), a tenth of the "
+            "pairs held out and evaluated.",
         ),
     ),
     DemoTask(

@@ -4,11 +4,17 @@ task's training record.
 
 The record (``<out>/<task>/training.json``, committed with the results) holds what the evaluation
 and the report need of each run: its stages, their metrics and compute, its config, the unit key
-of each stage's row and its adapter's digest. The training folders are not committed (every
-stage is a full fp32 model), so a fresh clone has the record and the adapters but no
-checkpoints: :func:`recorded_runs` gives the runs back from the record when it still agrees with
-the recipe and the committed adapters, and the demo then trains nothing again as long as every
-stage's episodes are in the committed store (:mod:`benchmarks.demo.suite` checks that).
+of each stage's row and its adapter's digest.
+
+The training folders are committed without each stage's merged weights (``.gitignore``): a LoRA
+stage keeps its adapter (about 19 MB in fp32 at r 16 on the embedded model, against 540 MB merged),
+and a resumed run rebuilds the merged weights from it, checked bit for bit against the stage's
+manifest (:mod:`optima_trainers.host.adapters`). So a long retrain goes on across machines that
+start empty, stage by stage. A task whose runs were trained before that (no training folders) has
+the record and the adapters only: :func:`recorded_runs` gives the runs back from the record when
+it still agrees with the recipe and the committed adapters, and the demo then trains nothing
+again as long as every stage's episodes are in the committed store (:mod:`benchmarks.demo.suite`
+checks that).
 """
 
 from __future__ import annotations
@@ -86,11 +92,34 @@ def _same_init(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return {k: v for k, v in a.items() if k not in own} == {k: v for k, v in b.items() if k not in own}
 
 
-def train_run(
-    spec: DemoTask, root: Path, trainer: str, first: TrainedRun | None, *, progress: bool
-) -> TrainedRun:
-    """Train (or resume) one run in ``root/train/<trainer>``; its initialization is copied from
-    ``first`` when they agree."""
+def _init_source(
+    spec: DemoTask, root: Path, trainer: str, config: Mapping[str, Any]
+) -> tuple[Path, str] | None:
+    """Another of the task's runs (in the demo's order) whose initialization stage finished on its
+    own (not adopted) with the same settings as ``config``'s: ``(its folder, that stage's name)``,
+    or None."""
+    from optima_trainers.host.loop import plan_stages
+
+    for other in spec.trainers:
+        source = root / "train" / other
+        if other == trainer or not (source / "config.json").is_file():
+            continue
+        init = plan_stages(_config(spec, other))[0]
+        if (
+            init.init
+            and (source / init.name / "result.json").is_file()
+            and not (source / init.name / "adopted.json").is_file()
+            and _same_init(read_json_object(source / "config.json"), _plain(config))
+        ):
+            return source, init.name
+    return None
+
+
+def train_run(spec: DemoTask, root: Path, trainer: str, *, progress: bool) -> TrainedRun:
+    """Train (or resume) one run in ``root/train/<trainer>``. Its initialization (M_0) is adopted
+    from another of the task's runs that trained it with the same settings, whichever trained it
+    first; finished stages whose merged weights are missing (a committed folder keeps only their
+    adapters) are rebuilt by the run (:mod:`optima_trainers.host.adapters`)."""
     from optima_trainers.host.loop import IterativeTrainer, plan_stages
     from optima_trainers.host.runs import RunDir, read_stage_result
 
@@ -99,14 +128,9 @@ def train_run(
     run_dir = RunDir.open_or_create(config, folder)
     stages = plan_stages(config)
     init = stages[0]
-    if (
-        first is not None
-        and init.init
-        and not (folder / init.name / "result.json").is_file()
-        and _same_init(first.config, config.to_dict())
-    ):
-        source, _ = RunDir.open(root / "train" / first.trainer)
-        run_dir.adopt_stage(init.name, source, first.stages[0][0])
+    source = _init_source(spec, root, trainer, config.to_dict()) if init.init else None
+    if source is not None and not (folder / init.name / "result.json").is_file():
+        run_dir.adopt_stage(init.name, RunDir.open(source[0])[0], source[1])
     shared = next((s.name for s in stages if run_dir.adopted_from(s.name)), None)
     metrics = IterativeTrainer(config, run_dir=run_dir, progress=progress).run()
     done = []

@@ -9,7 +9,8 @@ iSFT-DPO's DPO stage is plain DPO (``rpo_alpha=None``).
 The reference model is the starting checkpoint, i.e. the previous iteration's model: with LoRA
 TRL computes the reference log-probabilities with the adapter disabled, which is exactly that
 model; in full fine-tuning TRL loads a frozen copy of it (or the ``ref_model_path`` given). The
-result is saved with the LoRA merged into the weights, atomically
+result is saved with the LoRA merged into the weights, and the adapter kept in ``adapter/``
+(:mod:`optima_trainers.host.adapters`), atomically
 (:func:`~optima_trainers.host.checkpoint.atomic_checkpoint`: temporary folder, ``COMPLETE`` marker
 last, rename), so a folder without the marker is never loaded.
 """
@@ -30,6 +31,7 @@ from optima_env.io import write_json_atomic
 from optima_trainers.dpo.metrics import numbers, result_metrics, split_loss_trainer
 from optima_trainers.dpo.pairs import pairs_to_dpo_dataset
 from optima_trainers.dpo.records import PreferencePair
+from optima_trainers.host.adapters import save_lora_checkpoint
 from optima_trainers.host.checkpoint import TrainResult, atomic_checkpoint, is_complete
 from optima_trainers.host.faults import fault_point
 from optima_trainers.host.memory import release, track
@@ -344,7 +346,7 @@ def train_dpo(
         return result
     with atomic_checkpoint(output_dir) as (tmp, finish):
         if config.lora:
-            accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(tmp)
+            save_lora_checkpoint(accelerator.unwrap_model(trainer.model), tmp)  # adapter/ + merged
         else:
             trainer.save_model(str(tmp))  # gathers the weights under DeepSpeed ZeRO-3
         tokenizer.save_pretrained(tmp)

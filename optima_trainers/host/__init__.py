@@ -4,6 +4,7 @@
 * :mod:`~optima_trainers.host.runs`: the run folder (config, stages, state, metrics, lock);
 * :mod:`~optima_trainers.host.stages`: the records the host and the backends exchange;
 * :mod:`~optima_trainers.host.checkpoint`: atomic checkpoints and the result record;
+* :mod:`~optima_trainers.host.adapters`: a LoRA stage's adapter, and merged weights rebuilt from it;
 * :mod:`~optima_trainers.host.memory`: what one phase held is freed before the next starts;
 * :mod:`~optima_trainers.host.tracking`: per-stage metrics to tensorboard, trackio or wandb;
 * :mod:`~optima_trainers.host.provenance`: the git commit a run or an export records;

@@ -40,6 +40,7 @@ __all__ = [
     "atomic_checkpoint",
     "discard_partial",
     "is_complete",
+    "manifest_entries",
     "require_complete",
     "train_metrics",
 ]
@@ -137,6 +138,27 @@ def require_complete(path: str | os.PathLike[str], *, verify: bool = True) -> Tr
         return TrainResult.from_dict(data)
     except DataError as exc:
         raise CorruptCheckpointError(f"{marker}: {exc}; {fix}") from exc
+
+
+def manifest_entries(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """The ``files`` manifest of a complete checkpoint (relative path -> ``{"size", "sha256"}``);
+    empty for a marker written before manifests existed, or a folder without a marker.
+
+    Raises:
+        CorruptCheckpointError: the marker is unreadable, or its ``files`` is not an object.
+    """
+    marker = Path(path) / COMPLETE_MARKER
+    if not marker.is_file():
+        return {}
+    fix = f"delete the folder {path} and resume the run (--resume), which trains that stage again"
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptCheckpointError(f"{marker}: corrupt marker ({exc}); {fix}") from exc
+    files = data.get("files", {}) if isinstance(data, dict) else None
+    if not isinstance(files, dict):
+        raise CorruptCheckpointError(f"{marker}: field 'files': expected an object, got {files!r:.80}; {fix}")
+    return files
 
 
 def _verify_files(path: Path, marker: Path, files: Any, fix: str) -> None:

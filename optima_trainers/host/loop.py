@@ -53,6 +53,7 @@ from optima_trainers.generation.samples import read_sample_stage
 from optima_trainers.generation.shards import Shard
 from optima_trainers.generation.stage import StageGeneration
 from optima_trainers.hookspecs import add_trainer_hookspecs
+from optima_trainers.host.adapters import missing_files, restore_weights
 from optima_trainers.host.checkpoint import discard_partial, is_complete, require_complete, train_metrics
 from optima_trainers.host.runs import RunDir, read_instances, read_stage_result, wait_for
 from optima_trainers.host.stages import Stage, StageData, StageOutcome
@@ -196,6 +197,7 @@ class IterativeTrainer(StageGeneration):
                     done = self.run_dir.root / stage.name / "result.json"
                     if done.is_file():
                         record = read_stage_result(done)
+                        self._restore(stage, model, record)
                     else:
                         logger.info("stage %d/%d: %s (%s)", number, len(stages), stage.name, stage.kind)
                         self.pm.hook.optima_iteration_start(
@@ -253,8 +255,18 @@ class IterativeTrainer(StageGeneration):
                     self._train(stage, self.base_model if stage.start == "base" else model, folder, data)
                 wait_for(done)
             record = read_stage_result(done)
+            self._restore(stage, model, record)
             model, cursor = self.run_dir.model_path(record["model"]), record["cursor_end"]
         return self.run_dir.metrics()
+
+    def _restore(self, stage: Stage, previous: str, record: dict[str, Any]) -> None:
+        """Rebuild a finished stage's merged weights from its adapter when they are missing (a run
+        folder that travelled without them: :mod:`optima_trainers.host.adapters`)."""
+        checkpoint = Path(self.run_dir.model_path(record["model"]))
+        if checkpoint.is_absolute() and is_complete(checkpoint) and missing_files(checkpoint):
+            start = self.base_model if stage.start == "base" else previous
+            restore_weights(checkpoint, start, dtype=self.config.dtype)
+            self._verified.discard(str(checkpoint))
 
     def _train(self, stage: Stage, start_model: str, folder: Path, data: StageData) -> StageOutcome:
         checkpoint = folder / "checkpoint"

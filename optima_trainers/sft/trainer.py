@@ -11,7 +11,8 @@ without autocast (fp32 by default: this project's CPUs have no native bf16, see
 
 The checkpoint is written atomically (:func:`optima_trainers.host.checkpoint.atomic_checkpoint`) as a
 plain model folder: LoRA adapters are merged into the weights first, so the next iteration, a
-rollout or an evaluation loads it like any model. Under ``accelerate launch`` every process trains
+rollout or an evaluation loads it like any model; the adapter itself is kept in ``adapter/``
+(:mod:`optima_trainers.host.adapters`: a run folder without the merged weights is rebuilt from it). Under ``accelerate launch`` every process trains
 and the main process writes the folder (with DeepSpeed ZeRO-3, use full fine-tuning: the weights
 are gathered by ``Trainer.save_model``).
 """
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from optima_env.errors import MissingDependencyError, TaskContractError, require
+from optima_trainers.host.adapters import save_lora_checkpoint
 from optima_trainers.host.checkpoint import TrainResult, atomic_checkpoint, require_complete
 from optima_trainers.host.faults import fault_point
 from optima_trainers.host.memory import release, track
@@ -277,7 +279,7 @@ def train_sft(
         return result
     with atomic_checkpoint(output_dir) as (tmp, finish):
         if config.lora:
-            accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(tmp)
+            save_lora_checkpoint(accelerator.unwrap_model(trainer.model), tmp)  # adapter/ + merged
         else:
             trainer.save_model(str(tmp))
         tokenizer.save_pretrained(tmp)

@@ -1,0 +1,116 @@
+"""A LoRA stage keeps its adapter, and a checkpoint whose weights are gone is rebuilt from it.
+
+A LoRA-trained checkpoint (:func:`save_lora_checkpoint`, called by the SFT and DPO trainers) holds
+the merged model, which every later stage, rollout and evaluation loads, and beside it, in
+``adapter/``, the adapter it was merged from: PEFT's own folder (``adapter_config.json``,
+``adapter_model.safetensors``, in the training dtype). Both are listed in the checkpoint's
+``COMPLETE`` manifest (:mod:`optima_trainers.host.checkpoint`).
+
+The adapter is small (the embedded model, r 16 on every linear layer, fp32: about 19 MB against
+the 540 MB merged model), so a run folder can travel without its merged weights (a commit, a copy
+to another machine, a machine that starts empty every session): :func:`restore_weights` merges the
+stage's adapter into its start model again and writes the missing files, and accepts them only
+when each one's sha256 equals the manifest's, i.e. the rebuilt checkpoint is the trained one, bit
+for bit. :class:`~optima_trainers.host.loop.IterativeTrainer` calls it for every finished stage
+whose weights are missing when a run resumes.
+
+Why our own code: PEFT saves, loads and merges adapters (all three are its calls here); what it
+does not have is the run's bookkeeping, which stage's adapter merges into which start model, and
+the check of the rebuilt files against the checkpoint's manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from optima_env.backends.peft_adapter import file_sha256
+from optima_env.errors import CorruptCheckpointError, require
+from optima_trainers.host.checkpoint import is_complete, manifest_entries
+
+__all__ = ["ADAPTER_FOLDER", "missing_files", "restore_weights", "save_lora_checkpoint"]
+
+logger = logging.getLogger("optima_trainers.host.adapters")
+
+ADAPTER_FOLDER = "adapter"
+"""The adapter's folder inside a LoRA-trained checkpoint."""
+
+
+def save_lora_checkpoint(model: Any, folder: str | os.PathLike[str]) -> None:
+    """Save a trained PEFT model into ``folder``: its adapter into ``folder/adapter``, then the
+    model with the adapter merged into the weights (the folder every later stage loads)."""
+    folder = Path(folder)
+    model.save_pretrained(str(folder / ADAPTER_FOLDER))
+    model.merge_and_unload().save_pretrained(str(folder))
+
+
+def missing_files(checkpoint: str | os.PathLike[str]) -> list[str]:
+    """The files a complete checkpoint's manifest lists that are not in its folder (sorted); empty
+    for a checkpoint that is whole, or one without a manifest."""
+    checkpoint = Path(checkpoint)
+    return sorted(name for name in manifest_entries(checkpoint) if not (checkpoint / name).is_file())
+
+
+def restore_weights(
+    checkpoint: str | os.PathLike[str], start_model: str, *, dtype: str = "float32"
+) -> list[str]:
+    """Write the missing files of a complete LoRA checkpoint by merging its ``adapter/`` into
+    ``start_model`` (the model its stage trained from) again; returns the names written.
+
+    Each rebuilt file must have the sha256 that the manifest recorded when the stage finished;
+    files appear one by one by atomic rename, so concurrent restores of one folder (the processes
+    of a data-parallel run) are safe. Nothing is written when nothing is missing.
+
+    Raises:
+        CorruptCheckpointError: the checkpoint is not complete, a missing file is one of the
+            adapter's, a rebuilt file differs from the manifest, or a missing file is not among
+            those the merge writes. The message says what to do (delete the stage's folder and
+            resume: the stage is trained again).
+    """
+    checkpoint = Path(checkpoint)
+    fix = f"delete {checkpoint.parent} and resume the run, which trains that stage again"
+    if not is_complete(checkpoint):
+        raise CorruptCheckpointError(f"{checkpoint} is not a complete checkpoint; {fix}")
+    missing = missing_files(checkpoint)
+    if not missing:
+        return []
+    adapter = checkpoint / ADAPTER_FOLDER
+    lost = [m for m in missing if m.startswith(f"{ADAPTER_FOLDER}/")]
+    if lost or not (adapter / "adapter_config.json").is_file():
+        raise CorruptCheckpointError(
+            f"{checkpoint}: {', '.join(missing)} missing and no adapter to rebuild them from "
+            f"(expected {adapter} with its files, as a LoRA stage writes it); {fix}"
+        )
+    torch = require("torch", "train")
+    transformers = require("transformers", "train")
+    peft = require("peft", "train")
+    tmp = checkpoint.parent / f".{checkpoint.name}.restore-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(start_model, dtype=getattr(torch, dtype))
+        merged = peft.PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        merged.save_pretrained(str(tmp))
+        del model, merged
+        entries = manifest_entries(checkpoint)
+        for name in missing:
+            rebuilt = tmp / name
+            if not rebuilt.is_file():
+                raise CorruptCheckpointError(
+                    f"{checkpoint / name}: missing, and merging the adapter into {start_model} does "
+                    f"not write it (it wrote {sorted(p.name for p in tmp.iterdir())}); {fix}"
+                )
+            if file_sha256(rebuilt) != entries[name].get("sha256"):
+                raise CorruptCheckpointError(
+                    f"{checkpoint / name}: the adapter merged into {start_model} gives other bytes "
+                    f"than the stage wrote (sha256 differs from the manifest): the start model is "
+                    f"not the stage's, or the adapter was altered; {fix}"
+                )
+        for name in missing:
+            os.replace(tmp / name, checkpoint / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("restored %s of %s from its adapter", ", ".join(missing), checkpoint)
+    return missing
