@@ -19,7 +19,16 @@ from typing import Any
 from benchmarks.demo.tasks import stage_label
 from benchmarks.reports.stats import bootstrap_difference
 
-__all__ = ["CONTROL", "add_control", "control_label", "diff_cell", "missing_line"]
+__all__ = [
+    "CONTROL",
+    "MIN_PAIRS",
+    "MIN_PAIR_ACCURACY",
+    "add_control",
+    "control_label",
+    "diff_cell",
+    "learning_lines",
+    "missing_line",
+]
 
 CONTROL = "M_0"
 """The name the report gives the control row."""
@@ -85,3 +94,44 @@ def diff_cell(value: float | None, ci: Sequence[float] | None, digits: int) -> s
         return "–"
     text = f"{value:+.{digits}f}"
     return f"{text} [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" if ci else text
+
+
+MIN_PAIRS = 100
+"""Issue 31's target: kept preference pairs per DPO stage, at least."""
+MIN_PAIR_ACCURACY = 0.65
+"""Issue 31's target: held-out pair accuracy of every DPO stage, at least."""
+
+
+def learning_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The report's check that the preference-trained runs learned (issue 31), each part measured:
+    every final adapter of a run with DPO stages against M_0 (paired 95% interval above 0), and
+    each DPO stage's kept pairs and held-out pair accuracy. Empty for a task without DPO stages."""
+    dpo_runs = {
+        run: [p for p in points if p.get("pairs") is not None and not p.get("shared")]
+        for run, points in (summary.get("curves") or {}).items()
+    }
+    dpo_runs = {run: points for run, points in dpo_runs.items() if points}
+    if not dpo_runs:
+        return []
+    finals = {r.get("final_of"): r for r in summary.get("rows", []) if r.get("final_of")}
+    lines = [f"Learning check (issue 31): each preference-trained run's adapter against {CONTROL}, and "
+             f"its DPO stages (at least {MIN_PAIRS} kept pairs, held-out pair accuracy at least "
+             f"{MIN_PAIR_ACCURACY}):", ""]  # fmt: skip
+    for run, points in dpo_runs.items():
+        row = finals.get(run) or {}
+        ci = row.get("score_vs_m0_ci")
+        beats = ci is not None and ci[0] > 0
+        verdict = "no row" if not row else ("met" if beats else "not met")
+        lines.append(
+            f"- {run}: adapter vs {CONTROL} {diff_cell(row.get('score_vs_m0'), ci, 3)} ({verdict}, "
+            "interval above 0 wanted)"
+        )
+        for p in points:
+            pairs, accuracy = p.get("pairs"), p.get("pair_accuracy")
+            ok = pairs >= MIN_PAIRS and accuracy is not None and accuracy >= MIN_PAIR_ACCURACY
+            shown = "not evaluated" if accuracy is None else f"{accuracy:.2f}"
+            lines.append(
+                f"  - {p['stage']}: {pairs:g} pairs, held-out pair accuracy {shown} "
+                f"({'met' if ok else 'not met'})"
+            )
+    return [*lines, ""]

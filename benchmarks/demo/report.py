@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.demo.clock import total_seconds
-from benchmarks.demo.control import CONTROL, add_control, diff_cell, missing_line
+from benchmarks.demo.control import CONTROL, add_control, diff_cell, learning_lines, missing_line
 from benchmarks.demo.tasks import DemoTask, eval_settings, trainer_label
 from benchmarks.reports.intervals import add_intervals, cell
 from optima_env.io import write_json_atomic, write_text_atomic
@@ -339,6 +339,7 @@ def render_report(demo: Mapping[str, Any]) -> str:
             "",
             _target_line(s),
             "",
+            *learning_lines(s),
         ]
         parts += [f"![{name}]({name})" for name in s.get("plots", [])] + [""]
         m = s["stage_rows"][0]["instances"] if s.get("stage_rows") else 0

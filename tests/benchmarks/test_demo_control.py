@@ -214,3 +214,32 @@ def test_the_doctests_pass() -> None:
 
     result = doctest.testmod(demo_control)
     assert result.attempted and result.failed == 0
+
+
+def test_the_learning_check_reports_each_dpo_run_against_m0_and_each_dpo_stage() -> None:
+    from benchmarks.demo.control import learning_lines
+
+    summary = {
+        "rows": [
+            {"method": "iSFT iter 00", "control": True},
+            {"method": "iDPO adapter (r8, 01)", "final_of": "iDPO", "score_vs_m0": 0.04,
+             "score_vs_m0_ci": [0.01, 0.07]},
+            {"method": "iSFT-DPO adapter (r8, 02)", "final_of": "iSFT-DPO", "score_vs_m0": 0.01,
+             "score_vs_m0_ci": [-0.02, 0.04]},
+        ],
+        "curves": {
+            "iSFT": [{"stage": "iter_00", "pairs": None}],
+            "iDPO": [{"stage": "iter_00", "pairs": None, "shared": True},
+                     {"stage": "iter_01", "pairs": 104.0, "pair_accuracy": 0.7},
+                     {"stage": "iter_02", "pairs": 96.0, "pair_accuracy": 0.8}],
+            "iSFT-DPO": [{"stage": "iter_00_dpo", "pairs": 120.0, "pair_accuracy": None}],
+        },
+    }  # fmt: skip
+    text = "\n".join(learning_lines(summary))
+    assert "iSFT:" not in text  # no DPO stage, no check
+    assert "- iDPO: adapter vs M_0 +0.040 [+0.010, +0.070] (met" in text
+    assert "- iSFT-DPO: adapter vs M_0 +0.010 [-0.020, +0.040] (not met" in text
+    assert "iter_01: 104 pairs, held-out pair accuracy 0.70 (met)" in text
+    assert "iter_02: 96 pairs, held-out pair accuracy 0.80 (not met)" in text  # too few pairs
+    assert "iter_00_dpo: 120 pairs, held-out pair accuracy not evaluated (not met)" in text
+    assert learning_lines({"rows": [], "curves": {"iSFT": [{"stage": "iter_00", "pairs": None}]}}) == []
