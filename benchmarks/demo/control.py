@@ -21,6 +21,7 @@ from benchmarks.reports.stats import bootstrap_difference
 
 __all__ = [
     "CONTROL",
+    "MAX_TOKENS",
     "MIN_PAIRS",
     "MIN_PAIR_ACCURACY",
     "add_control",
@@ -100,6 +101,9 @@ MIN_PAIRS = 100
 """Issue 31's target: kept preference pairs per DPO stage, at least."""
 MIN_PAIR_ACCURACY = 0.65
 """Issue 31's target: held-out pair accuracy of every DPO stage, at least."""
+MAX_TOKENS = 40.0
+"""Issue 31's target: tokens per episode of the best trained system, at most (the paper's trained
+systems use 36-67 on the information-exchange tasks)."""
 
 
 def learning_lines(summary: Mapping[str, Any]) -> list[str]:
@@ -134,4 +138,11 @@ def learning_lines(summary: Mapping[str, Any]) -> list[str]:
                 f"  - {p['stage']}: {pairs:g} pairs, held-out pair accuracy {shown} "
                 f"({'met' if ok else 'not met'})"
             )
+    best = max(finals.values(), key=lambda r: r.get("score") or 0.0, default=None)
+    if best is not None and best.get("tokens") is not None:
+        fits = best["tokens"] <= MAX_TOKENS
+        lines.append(
+            f"- the best trained system ({best['final_of']}): {best['tokens']:.1f} tokens per episode "
+            f"({'met' if fits else 'not met'}, at most {MAX_TOKENS:g} wanted)"
+        )
     return [*lines, ""]

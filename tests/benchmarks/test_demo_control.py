@@ -223,9 +223,9 @@ def test_the_learning_check_reports_each_dpo_run_against_m0_and_each_dpo_stage()
         "rows": [
             {"method": "iSFT iter 00", "control": True},
             {"method": "iDPO adapter (r8, 01)", "final_of": "iDPO", "score_vs_m0": 0.04,
-             "score_vs_m0_ci": [0.01, 0.07]},
+             "score_vs_m0_ci": [0.01, 0.07], "score": 0.12, "tokens": 52.5},
             {"method": "iSFT-DPO adapter (r8, 02)", "final_of": "iSFT-DPO", "score_vs_m0": 0.01,
-             "score_vs_m0_ci": [-0.02, 0.04]},
+             "score_vs_m0_ci": [-0.02, 0.04], "score": 0.09, "tokens": 30.0},
         ],
         "curves": {
             "iSFT": [{"stage": "iter_00", "pairs": None}],
@@ -242,4 +242,5 @@ def test_the_learning_check_reports_each_dpo_run_against_m0_and_each_dpo_stage()
     assert "iter_01: 104 pairs, held-out pair accuracy 0.70 (met)" in text
     assert "iter_02: 96 pairs, held-out pair accuracy 0.80 (not met)" in text  # too few pairs
     assert "iter_00_dpo: 120 pairs, held-out pair accuracy not evaluated (not met)" in text
+    assert "the best trained system (iDPO): 52.5 tokens per episode (not met, at most 40 wanted)" in text
     assert learning_lines({"rows": [], "curves": {"iSFT": [{"stage": "iter_00", "pairs": None}]}}) == []
