@@ -3,6 +3,7 @@
 * :mod:`~benchmarks.demo.suite`: the suite's steps (train, export, evaluate, report);
 * :mod:`~benchmarks.demo.tasks`: the recipe (tasks, trainers, training and evaluation settings);
 * :mod:`~benchmarks.demo.train`: training runs through the trainers' public API and their record;
+* :mod:`~benchmarks.demo.train_one`: one run of the recipe trained alone, beside the others;
 * :mod:`~benchmarks.demo.control`: M_0 (the shared initialization) and paired differences to it;
 * :mod:`~benchmarks.demo.report`, :mod:`~benchmarks.demo.plots`: summaries, pages and plots;
 * :mod:`~benchmarks.demo.rerender`: re-render the committed tables without running a model;

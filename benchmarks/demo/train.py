@@ -30,7 +30,15 @@ from benchmarks.demo.tasks import DemoTask
 from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS, verify_manifest
 from optima_env.io import read_json_object, write_json_atomic
 
-__all__ = ["TrainedRun", "adapter_dir", "export_run", "record_training", "recorded_runs", "train_run"]
+__all__ = [
+    "TrainedRun",
+    "adapter_dir",
+    "export_run",
+    "init_done",
+    "record_training",
+    "recorded_runs",
+    "train_run",
+]
 
 _RECORD = "training.json"
 """A task's training record, in ``<out>/<task>/`` (see the module docstring)."""
@@ -98,21 +106,31 @@ def _init_source(
     """Another of the task's runs (in the demo's order) whose initialization stage finished on its
     own (not adopted) with the same settings as ``config``'s: ``(its folder, that stage's name)``,
     or None."""
-    from optima_trainers.host.loop import plan_stages
-
     for other in spec.trainers:
-        source = root / "train" / other
-        if other == trainer or not (source / "config.json").is_file():
-            continue
-        init = plan_stages(_config(spec, other))[0]
+        source, init = root / "train" / other, _init_stage(spec, other)
         if (
-            init.init
-            and (source / init.name / "result.json").is_file()
-            and not (source / init.name / "adopted.json").is_file()
+            other != trainer
+            and init is not None
+            and init_done(spec, root, other)
+            and not (source / init / "adopted.json").is_file()
             and _same_init(read_json_object(source / "config.json"), _plain(config))
         ):
-            return source, init.name
+            return source, init
     return None
+
+
+def _init_stage(spec: DemoTask, trainer: str) -> str | None:
+    """The name of ``trainer``'s initialization stage on the task (None: its run has none)."""
+    from optima_trainers.host.loop import plan_stages
+
+    first = plan_stages(_config(spec, trainer))[0]
+    return first.name if first.init else None
+
+
+def init_done(spec: DemoTask, root: Path, trainer: str) -> bool:
+    """Whether ``trainer``'s run of the task has finished its initialization stage (M_0)."""
+    init = _init_stage(spec, trainer)
+    return init is not None and (root / "train" / trainer / init / "result.json").is_file()
 
 
 def train_run(spec: DemoTask, root: Path, trainer: str, *, progress: bool) -> TrainedRun:

@@ -12,7 +12,7 @@ pytest.importorskip("trl")
 from benchmarks.demo.control import control_label  # noqa: E402
 from benchmarks.demo.suite import row_labels  # noqa: E402
 from benchmarks.demo.tasks import DemoTask  # noqa: E402
-from benchmarks.demo.train import train_run  # noqa: E402
+from benchmarks.demo.train import init_done, train_run  # noqa: E402
 from optima_trainers.host.checkpoint import manifest_entries  # noqa: E402
 from tests.optima_trainers.tiny_model import make_tiny_model  # noqa: E402
 
@@ -34,6 +34,7 @@ def test_the_run_that_trains_m0_first_shares_it_and_owns_the_control_row(tmp_pat
     idpo = train_run(spec, root, "idpo", progress=False)  # reaches M_0 first: trains it
     isft = train_run(spec, root, "isft", progress=False)  # same initialization settings: adopts it
     assert idpo.shared is None and isft.shared == "iter_00"
+    assert init_done(spec, root, "idpo") and init_done(spec, root, "isft")
     own, adopted = root / "train" / "idpo" / "iter_00", root / "train" / "isft" / "iter_00"
     assert (adopted / "adopted.json").is_file() and not (own / "adopted.json").is_file()
     assert manifest_entries(adopted / "checkpoint") == manifest_entries(own / "checkpoint")
@@ -48,3 +49,13 @@ def test_the_run_that_trains_m0_first_shares_it_and_owns_the_control_row(tmp_pat
         train=SMALL, train_by_trainer={"isft-dpo": {"iterations": 1, "sft.learning_rate": 1e-3}},
     )  # fmt: skip
     assert train_run(other, root, "isft-dpo", progress=False).shared is None
+
+
+def test_train_one_says_what_it_expected(capsys) -> None:
+    from benchmarks.demo.train_one import main
+
+    assert main(["nope", "idpo"]) == 2 and "no demo task 'nope'; expected one of synth" in capsys.readouterr().err
+    assert main(["synth", "grpo"]) == 2 and "synth trains isft, idpo, isft-dpo; got 'grpo'" in capsys.readouterr().err
+    assert main(["synth", "idpo", "--after", "x"]) == 2 and "got 'x'" in capsys.readouterr().err
+    assert main(["synth", "idpo", "--threads", "0"]) == 2
+    assert "--threads must be at least 1, got 0" in capsys.readouterr().err
