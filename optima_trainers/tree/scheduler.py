@@ -15,7 +15,9 @@ rollout stays empty until its siblings end, unless queued work of other trees ta
 ``concurrency`` below ``trees x rollouts``, the trees beyond it wait in the queue and do). The
 conversations in flight are sized from the engine's ``capacity`` unless ``concurrency`` says
 otherwise, and a tree whose last expansion is finished is handed to ``on_tree`` at once (a tree
-stage saves it there), while the other trees go on: nothing drains between trees.
+stage saves it there), while the other trees go on: nothing drains between trees. Under a given
+``concurrency`` at most :func:`trees_in_flight` trees grow at once, and the next tree starts as one
+ends, so trees end (and are saved) steadily through a stage, not all at its end.
 
 It is written by hand because no library schedules multi-turn tree expansions: batched inference
 engines (vLLM's continuous batching, ...) schedule independent requests, and tree-search libraries
@@ -42,7 +44,23 @@ from optima_env.task import Task
 from optima_env.types import Episode
 from optima_trainers.tree.nodes import Node, Tree
 
-__all__ = ["Expansion", "ExpansionScheduler"]
+__all__ = ["Expansion", "ExpansionScheduler", "trees_in_flight"]
+
+
+def trees_in_flight(concurrency: int, rollouts: int) -> int:
+    """How many trees grow at once under ``concurrency`` conversations in flight: twice the trees
+    whose current expansions fill the batch (each has ``rollouts`` conversations in flight at most,
+    and none while its expansion waits for its slowest rollout, hence the factor of 2).
+
+    Why a bound: the rollout queue is first in, first out, so with every tree started at once each
+    tree's next expansion queued behind every other tree's current one, the trees grew in lockstep
+    and all of them ended together at the very end of the stage; a stage cut short then had saved no
+    tree. With a bound, trees end one after another from early on, and each is saved as it ends.
+
+    >>> trees_in_flight(32, 3), trees_in_flight(1, 3)
+    (22, 2)
+    """
+    return 2 * max(1, -(-concurrency // rollouts))
 
 
 @dataclass(slots=True)
@@ -101,6 +119,8 @@ class ExpansionScheduler:
         """Every job by rollout position (the order :func:`~optima_env.rollout.rollout` numbers them)."""
         self._slots: dict[RolloutJob, tuple[Expansion, int]] = {}
         self._bar: Any = None
+        self._open = 0
+        """Trees started so far (in tree order); the others wait until a started tree ends."""
 
     def run(
         self,
@@ -116,7 +136,9 @@ class ExpansionScheduler:
         """Grow every tree to ``selections`` expansions; ``concurrency`` episodes in flight at most
         (``None``: the engine's ``capacity``, else the rollout's default; see
         :func:`optima_env.rollout.rollout`, which also takes ``driver``)."""
-        first = [job for t in range(len(self.trees)) for job in self._expand(t)]
+        bound = len(self.trees) if concurrency is None else trees_in_flight(concurrency, self.rollouts)
+        self._open = min(len(self.trees), bound)
+        first = [job for t in range(self._open) for job in self._expand(t)]
         if not first:
             return
         if progress:
@@ -190,8 +212,13 @@ class ExpansionScheduler:
         self.finish(completed)
         if self._bar is not None:
             self._bar.update(len(completed))
+        ended = [x.tree for x in completed if x.step == self.selections - 1]
         if self.on_tree is not None:
-            for x in completed:
-                if x.step == self.selections - 1:
-                    self.on_tree(x.tree)
-        return [job for x in completed for job in self._expand(x.tree)]
+            for t in ended:
+                self.on_tree(t)
+        jobs = [job for x in completed for job in self._expand(x.tree)]
+        for _ in ended:  # each tree that ended makes room for the next one
+            if self._open < len(self.trees):
+                jobs += self._expand(self._open)
+                self._open += 1
+        return jobs

@@ -195,3 +195,35 @@ def test_a_failure_after_a_refill_lists_the_refilled_jobs_to_resume() -> None:
     paris = ScriptedPolicy(lambda r: "<A>Paris</A>")
     resumed = rollout(task, paris, jobs=[err.jobs[i] for i in err.pending])
     assert err.episodes + resumed == rollout(task, paris, jobs=jobs + follow)
+
+
+def test_trees_end_one_after_another_under_a_bounded_batch_and_equal_those_grown_all_at_once() -> None:
+    """With every tree started at once the first-in first-out queue grew them in lockstep, and all
+    of them ended at the very end of the stage (nothing saved by a stage cut short)."""
+    from optima_trainers.tree.scheduler import trees_in_flight
+
+    search, generation = TreeSearchConfig(selections=3, rollouts=2, top_k=3), GenerationConfig(max_turns=5)
+    indices, keys = [0, 1] * 5, list(range(10))
+    ended: list[int] = []
+    seen: set[object] = set()  # the tree seeds the policy has been asked for so far
+    started_when_first_ended: list[int] = []
+
+    class Recording(KeyedScript):
+        def generate(self, requests, sampling):
+            seen.update(r.key[0] for r in requests)
+            return super().generate(requests, sampling)
+
+    def on_tree(position: int, tree: Tree) -> None:
+        ended.append(position)
+        if len(ended) == 1:
+            started_when_first_ended.append(len(seen))
+
+    bounded = build_trees(TinyTask(), Recording(), indices, keys=keys, seed=7, concurrency=2, search=search,
+                          generation=generation, reward_fn=lambda eps: [len(e.turns) / 5 for e in eps],
+                          on_tree=on_tree)  # fmt: skip
+    assert trees_in_flight(2, 2) == 2 and sorted(ended) == list(range(10)) and len(seen) == 10
+    # at most 2 trees grow at once: the first tree ended before a third one started
+    assert started_when_first_ended == [2]
+    free = build_trees(TinyTask(), KeyedScript(), indices, keys=keys, seed=7, search=search,
+                       generation=generation, reward_fn=lambda eps: [len(e.turns) / 5 for e in eps])  # fmt: skip
+    assert [t.to_dict() for t in bounded] == [t.to_dict() for t in free]
