@@ -66,7 +66,16 @@ from optima_env.task import Task
 from optima_env.turns import BatchTurns, reply_problem, turn_engine
 from optima_env.types import Episode
 
-__all__ = ["BatchTurns", "RolloutError", "RolloutJob", "job_seed", "make_jobs", "rollout", "run_episode"]
+__all__ = [
+    "BatchTurns",
+    "RolloutError",
+    "RolloutJob",
+    "job_seed",
+    "make_jobs",
+    "resolve_concurrency",
+    "rollout",
+    "run_episode",
+]
 
 DEFAULT_CONCURRENCY = 32
 """Episodes in flight when neither the caller nor the engine's ``capacity`` says how many."""
@@ -225,6 +234,13 @@ def rollout(
         if run.bar is not None:
             run.bar.close()
     return [run.finished[pos] for pos in range(len(run.jobs))]
+
+
+def resolve_concurrency(policy: ChatPolicy, concurrency: int | None = None, driver: str = "auto") -> int:
+    """The episodes :func:`rollout` keeps in flight for these arguments: ``concurrency``, else the
+    engine's ``capacity``, else :data:`DEFAULT_CONCURRENCY` (for a caller that sizes its own work
+    from it, as the tree scheduler does)."""
+    return _concurrency(concurrency, turn_engine(policy, driver))
 
 
 def _concurrency(concurrency: int | None, engine: TurnEngine) -> int:

@@ -15,9 +15,9 @@ rollout stays empty until its siblings end, unless queued work of other trees ta
 ``concurrency`` below ``trees x rollouts``, the trees beyond it wait in the queue and do). The
 conversations in flight are sized from the engine's ``capacity`` unless ``concurrency`` says
 otherwise, and a tree whose last expansion is finished is handed to ``on_tree`` at once (a tree
-stage saves it there), while the other trees go on: nothing drains between trees. Under a given
-``concurrency`` at most :func:`trees_in_flight` trees grow at once, and the next tree starts as one
-ends, so trees end (and are saved) steadily through a stage, not all at its end.
+stage saves it there), while the other trees go on: nothing drains between trees. At most
+:func:`trees_in_flight` trees grow at once, and the next tree starts as one ends, so trees end (and
+are saved) steadily through a stage, not all at its end.
 
 It is written by hand because no library schedules multi-turn tree expansions: batched inference
 engines (vLLM's continuous batching, ...) schedule independent requests, and tree-search libraries
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optima_env.policy import ChatPolicy, SamplingParams
-from optima_env.rollout import RolloutJob, rollout
+from optima_env.rollout import RolloutJob, resolve_concurrency, rollout
 from optima_env.task import Task
 from optima_env.types import Episode
 from optima_trainers.tree.nodes import Node, Tree
@@ -136,7 +136,7 @@ class ExpansionScheduler:
         """Grow every tree to ``selections`` expansions; ``concurrency`` episodes in flight at most
         (``None``: the engine's ``capacity``, else the rollout's default; see
         :func:`optima_env.rollout.rollout`, which also takes ``driver``)."""
-        bound = len(self.trees) if concurrency is None else trees_in_flight(concurrency, self.rollouts)
+        bound = trees_in_flight(resolve_concurrency(policy, concurrency, driver), self.rollouts)
         self._open = min(len(self.trees), bound)
         first = [job for t in range(self._open) for job in self._expand(t)]
         if not first:

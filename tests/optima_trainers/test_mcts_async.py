@@ -222,6 +222,10 @@ def test_trees_end_one_after_another_under_a_bounded_batch_and_equal_those_grown
                           generation=generation, reward_fn=lambda eps: [len(e.turns) / 5 for e in eps],
                           on_tree=on_tree)  # fmt: skip
     assert trees_in_flight(2, 2) == 2 and sorted(ended) == list(range(10)) and len(seen) == 10
+    # without a concurrency the bound follows what the rollout keeps in flight: the engine's, or 32
+    from optima_env.rollout import DEFAULT_CONCURRENCY, resolve_concurrency
+
+    assert resolve_concurrency(KeyedScript()) == DEFAULT_CONCURRENCY and resolve_concurrency(KeyedScript(), 5) == 5
     # at most 2 trees grow at once: the first tree ended before a third one started
     assert started_when_first_ended == [2]
     free = build_trees(TinyTask(), KeyedScript(), indices, keys=keys, seed=7, search=search,
