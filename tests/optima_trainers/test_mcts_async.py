@@ -197,9 +197,15 @@ def test_a_failure_after_a_refill_lists_the_refilled_jobs_to_resume() -> None:
     assert err.episodes + resumed == rollout(task, paris, jobs=jobs + follow)
 
 
-def test_trees_end_one_after_another_under_a_bounded_batch_and_equal_those_grown_all_at_once() -> None:
+@pytest.mark.parametrize(("concurrency", "capacity"), [(2, None), (None, 2)])
+def test_trees_end_one_after_another_under_a_bounded_batch_and_equal_those_grown_all_at_once(
+    concurrency, capacity
+) -> None:
     """With every tree started at once the first-in first-out queue grew them in lockstep, and all
-    of them ended at the very end of the stage (nothing saved by a stage cut short)."""
+    of them ended at the very end of the stage (nothing saved by a stage cut short). The bound holds
+    under the caller's concurrency, and without one under the engine's capacity (a trainer's run
+    leaves its concurrency to the engine)."""
+    from optima_env.rollout import DEFAULT_CONCURRENCY, resolve_concurrency
     from optima_trainers.tree.scheduler import trees_in_flight
 
     search, generation = TreeSearchConfig(selections=3, rollouts=2, top_k=3), GenerationConfig(max_turns=5)
@@ -209,6 +215,10 @@ def test_trees_end_one_after_another_under_a_bounded_batch_and_equal_those_grown
     started_when_first_ended: list[int] = []
 
     class Recording(KeyedScript):
+        def __init__(self) -> None:
+            super().__init__()
+            self.capacity = capacity  # the batch slots an engine declares (None: none)
+
         def generate(self, requests, sampling):
             seen.update(r.key[0] for r in requests)
             return super().generate(requests, sampling)
@@ -218,16 +228,14 @@ def test_trees_end_one_after_another_under_a_bounded_batch_and_equal_those_grown
         if len(ended) == 1:
             started_when_first_ended.append(len(seen))
 
-    bounded = build_trees(TinyTask(), Recording(), indices, keys=keys, seed=7, concurrency=2, search=search,
-                          generation=generation, reward_fn=lambda eps: [len(e.turns) / 5 for e in eps],
-                          on_tree=on_tree)  # fmt: skip
+    bounded = build_trees(TinyTask(), Recording(), indices, keys=keys, seed=7, concurrency=concurrency,
+                          search=search, generation=generation, on_tree=on_tree,
+                          reward_fn=lambda eps: [len(e.turns) / 5 for e in eps])  # fmt: skip
     assert trees_in_flight(2, 2) == 2 and sorted(ended) == list(range(10)) and len(seen) == 10
-    # without a concurrency the bound follows what the rollout keeps in flight: the engine's, or 32
-    from optima_env.rollout import DEFAULT_CONCURRENCY, resolve_concurrency
-
-    assert resolve_concurrency(KeyedScript()) == DEFAULT_CONCURRENCY and resolve_concurrency(KeyedScript(), 5) == 5
     # at most 2 trees grow at once: the first tree ended before a third one started
     assert started_when_first_ended == [2]
+    assert resolve_concurrency(Recording(), concurrency) == 2
+    assert resolve_concurrency(KeyedScript()) == DEFAULT_CONCURRENCY
     free = build_trees(TinyTask(), KeyedScript(), indices, keys=keys, seed=7, search=search,
                        generation=generation, reward_fn=lambda eps: [len(e.turns) / 5 for e in eps])  # fmt: skip
     assert [t.to_dict() for t in bounded] == [t.to_dict() for t in free]
