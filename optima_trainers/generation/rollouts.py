@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from optima_trainers.host.stages import Stage
 
 __all__ = [
     "GenerationContext",
+    "PhaseClock",
     "episode_summary",
     "in_flight",
     "load_readability_scorer",
@@ -67,6 +69,9 @@ class GenerationContext:
     """The run's hook relay: ``optima_episode_scored``, ``optima_select_training_data``."""
     phase: Callable[[str, float, dict[str, Any]], None]
     """Records a finished phase (name, start time, extra values) in the run state."""
+    record_time: Callable[[str, float], None] = lambda phase, seconds: None
+    """Adds seconds to a phase that has not finished (name, seconds) in the run state
+    (:class:`PhaseClock`); nothing by default and on the processes that record no phases."""
     progress: bool = False
     """Show progress bars."""
     shard: Shard = dataclasses.field(default_factory=Shard)
@@ -173,6 +178,36 @@ def resumable_rollout(
     path.touch()
     keys = [(j.index, j.sample) for j in jobs]
     return [done[k] if k in done else reused[k] for k in keys]
+
+
+class PhaseClock:
+    """A long phase's wall time, recorded as its work is saved, not only when it ends.
+
+    A tree phase runs for hours and saves each tree as it completes; a run stopped in the middle
+    resumes from the saved trees, so the time that grew them was spent on the run's result. Before
+    this clock only the invocation that finished the phase recorded its time, and an interrupted
+    invocation's was lost. :meth:`lap` adds the time since the last lap (or the start) to the
+    phase's timing without marking it finished (``ctx.record_time``); :meth:`finish` records the
+    rest and marks the phase finished (``ctx.phase``). Time after the last lap of an interrupted
+    invocation is lost with the work in flight, which the resumed phase does again.
+    """
+
+    __slots__ = ("ctx", "name", "last")
+
+    def __init__(self, ctx: GenerationContext, name: str) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.last = time.perf_counter()
+
+    def lap(self) -> None:
+        """Record the time since the last lap: work up to now is saved."""
+        now = time.perf_counter()
+        self.ctx.record_time(self.name, now - self.last)
+        self.last = now
+
+    def finish(self, extra: Mapping[str, Any] | None = None) -> None:
+        """Record the time since the last lap and mark the phase finished."""
+        self.ctx.phase(self.name, self.last, dict(extra or {}))
 
 
 def episode_summary(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -147,6 +147,9 @@ class StageGeneration:
             phase=lambda phase, started, extra: (
                 self._phase(stage, phase, started, **extra) if shard.main else None
             ),  # only the main process records phases in the run state
+            record_time=lambda phase, seconds: (
+                self.run_dir.record_time(stage.name, phase, seconds) if shard.main else None
+            ),
             progress=self.progress,
             shard=shard,
         )

@@ -245,6 +245,14 @@ class RunDir:
         timings.setdefault(stage, {})[phase] = timings.get(stage, {}).get(phase, 0.0) + seconds
         self.save_state(stage=stage, phase=phase, timings=timings, **extra)
 
+    def record_time(self, stage: str, phase: str, seconds: float) -> None:
+        """Add ``seconds`` to ``phase`` of ``stage`` in the state without marking it finished (the
+        saved part of a phase still running, :class:`~optima_trainers.generation.rollouts.PhaseClock`)."""
+        state = self.state()
+        timings = state.get("timings", {})
+        timings.setdefault(stage, {})[phase] = timings.get(stage, {}).get(phase, 0.0) + seconds
+        self.save_state(timings=timings)
+
     def timings(self, stage: str) -> dict[str, float]:
         """Seconds spent per phase of ``stage`` (summed over resumptions)."""
         return dict(self.state().get("timings", {}).get(stage, {}))

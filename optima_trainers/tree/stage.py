@@ -38,7 +38,7 @@ from optima_env.rollout import RolloutJob, make_jobs
 from optima_env.types import Episode
 from optima_trainers.config.train import TrainConfig
 from optima_trainers.dpo.records import PreferencePair, read_pairs, write_pairs
-from optima_trainers.generation.rollouts import GenerationContext, in_flight, resumable_rollout
+from optima_trainers.generation.rollouts import GenerationContext, PhaseClock, in_flight, resumable_rollout
 from optima_trainers.generation.shards import (
     Shard,
     collect,
@@ -111,10 +111,10 @@ def generate_tree_stage(
     started = time.perf_counter()
     normalizer = _normalizer_phase(ctx, policy, env_kwargs, normalizer_indices)
     ctx.phase("normalizer", started, {"normalizer": normalizer or 0.0})
-    started = time.perf_counter()
-    _tree_phase(ctx, policy, env_kwargs, normalizer, tree_positions)
+    clock = PhaseClock(ctx, "mcts")  # its time recorded as each tree is saved
+    _tree_phase(ctx, policy, env_kwargs, normalizer, tree_positions, clock)
     ctx.release(policy)
-    ctx.phase("mcts", started, {})
+    clock.finish()
 
 
 def _normalizer_phase(
@@ -175,6 +175,7 @@ def _tree_phase(
     env_kwargs: Mapping[str, Any],
     normalizer: float | None,
     positions: list[int],
+    clock: PhaseClock,
 ) -> None:
     """Grow the trees in one search, each saved as it completes (one line of ``trees.jsonl``, its
     pair records in ``pairs_detail.jsonl``; a rank's own files under several processes), then
@@ -200,7 +201,7 @@ def _tree_phase(
         _prune_details(_details_of(trees_path), set(done))  # a tree's records whose line never came
         todo = [n for n in numbers if n not in done and n not in reused]
         if todo:
-            _grow_trees(ctx, policy, scorer, mcts_env, [(n, positions[n]) for n in todo], trees_path, done)
+            _grow_trees(ctx, policy, scorer, mcts_env, [(n, positions[n]) for n in todo], trees_path, done, clock)
         return done
 
     numbers = list(range(len(positions)))
@@ -227,10 +228,11 @@ def _grow_trees(
     todo: list[tuple[int, int]],
     trees_path: Path,
     done: dict[int, list[dict[str, Any]]],
+    clock: PhaseClock,
 ) -> None:
     """Grow the trees ``todo`` (``(number, cursor position)`` each) in one search; append each
     tree's pair records to the file beside ``trees_path``, then its line to ``trees_path``, as
-    soon as it completes (and record it in ``done``)."""
+    soon as it completes (and record it in ``done``, and the time that grew it on ``clock``)."""
     from optima_trainers.dpo.pairs import append_pair_details, pair_details
     from optima_trainers.tree.search import build_trees
 
@@ -246,6 +248,7 @@ def _grow_trees(
         append_pair_details(details_path, details)
         done[number] = [_tree_record(tree, config)]
         append_jsonl(trees_path, [{"chunk": number, "trees": done[number]}])
+        clock.lap()
         fault_point("mcts_tree")
 
     build_trees(

@@ -65,7 +65,11 @@ class UnevenEngine:
 
 def run_stage(folder: Path, *, sampled: bool = False, **overrides) -> UnevenEngine:
     """Generate (or resume) a 3-tree stage of ie/synth-v0 into ``folder`` with :class:`UnevenEngine`
-    (``sampled``: a sampled stage of 2 instances x 2 conversations instead)."""
+    (``sampled``: a sampled stage of 2 instances x 2 conversations instead), its phases and times
+    recorded in a real run state beside it (``<folder>-run/state.json``)."""
+    import time
+
+    from optima_trainers.host.runs import RunDir
     from optima_task_synth import SyntheticChainTask
 
     from optima_trainers.generation.rollouts import GenerationContext
@@ -90,11 +94,15 @@ def run_stage(folder: Path, *, sampled: bool = False, **overrides) -> UnevenEngi
             return episodes
 
     env = {"split": "train", "max_turns": 4, "scoring": False}
+    run = RunDir(folder.parent / f"{folder.name}-run")
+    run.root.mkdir(exist_ok=True)
     ctx = GenerationContext(
         task=task, config=config, stage=Stage(name="iter_01", kind="dpo", number=1, generate="tree"),
         folder=folder, seed=0, num_train=4, load_policy=lambda: policy, release=lambda p: None,
         env_kwargs=lambda p, diverse=False: dict(env), readability=lambda: (lambda texts: [2.0] * len(texts)),
-        events=Events(), phase=lambda *a: None,
+        events=Events(), phase=lambda phase, started, extra: run.record_phase(
+            "iter_01", phase, time.perf_counter() - started, **extra),
+        record_time=lambda phase, seconds: run.record_time("iter_01", phase, seconds),
     )  # fmt: skip
     if sampled:
         generate_sample_stage(ctx, indices=TREE_POSITIONS[1:], init=False)
@@ -148,8 +156,13 @@ def test_each_tree_is_saved_as_it_completes_and_a_killed_stage_resumes_by_tree(t
     # the first tree to complete was saved while tree 0 (long conversations) was still growing
     assert len(saved) == 1 and saved[0]["chunk"] == 1 and not (crashed / "pairs.jsonl").exists()
     assert saved[0] == lines(clean / "trees.jsonl")[1]
+    # the saved tree's time is in the run state, the phase not marked finished (the normalizer is)
+    killed = json.loads((tmp_path / "crashed-run" / "state.json").read_text(encoding="utf-8"))
+    assert killed["phase"] == "normalizer" and killed["timings"]["iter_01"]["mcts"] > 0
 
     resumed = run_stage(crashed)  # no fault: the rest of the stage
+    state = json.loads((tmp_path / "crashed-run" / "state.json").read_text(encoding="utf-8"))
+    assert state["phase"] == "mcts" and state["timings"]["iter_01"]["mcts"] > killed["timings"]["iter_01"]["mcts"]
     finished_seed = job_seed(0, TREE_POSITIONS[1], 0)
     assert finished_seed not in resumed.sessions  # the saved tree was not grown again
     assert {LONG_TREE, job_seed(0, TREE_POSITIONS[2], 0)} <= resumed.sessions

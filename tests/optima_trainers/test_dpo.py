@@ -82,6 +82,9 @@ def test_rpo_is_dpo_plus_the_chosen_nll() -> None:
     assert (rpo.loss_type, rpo.loss_weights) == (["sigmoid", "sft"], [1.0, 1.0])
     assert plain.loss_type == ["sigmoid"]
     assert rpo.bf16 is False and rpo.gradient_checkpointing is False
+    # held-out pairs are evaluated one a batch, so the logged accuracy is k/n (TRL averages the
+    # batches' means: batches of 2 over 11 pairs would log 0.5833)
+    assert dpo_args(DPOTrainConfig(per_device_batch_size=4), output_dir="x").per_device_eval_batch_size == 1
     assert (
         dpo_args(
             DPOTrainConfig(batch_size=64, per_device_batch_size=8), output_dir="x"
