@@ -49,6 +49,7 @@ def _curve(
                 # a DPO stage's held-out pairs after training (absent in records before they were kept)
                 "pair_accuracy": metrics.get("train/eval_rewards/accuracies"),
                 "pair_margin": metrics.get("train/eval_rewards/margins"),
+                "eval_pairs": metrics.get("train/eval_pairs"),
                 "wall_s": sum(v for k, v in metrics.items() if k.startswith("time/")),
                 "shared": stage == run.shared,
             }

@@ -201,7 +201,8 @@ def _tree_phase(
         _prune_details(_details_of(trees_path), set(done))  # a tree's records whose line never came
         todo = [n for n in numbers if n not in done and n not in reused]
         if todo:
-            _grow_trees(ctx, policy, scorer, mcts_env, [(n, positions[n]) for n in todo], trees_path, done, clock)
+            jobs = [(n, positions[n]) for n in todo]
+            _grow_trees(ctx, policy, scorer, mcts_env, jobs, trees_path, done, clock)
         return done
 
     numbers = list(range(len(positions)))

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from benchmarks.reports import stats
-from benchmarks.reports.stats import Interval, bootstrap_difference, bootstrap_mean, bootstrap_ratio
+from benchmarks.reports.stats import (
+    Interval,
+    bootstrap_difference,
+    bootstrap_mean,
+    bootstrap_ratio,
+    wilson_interval,
+)
 from optima_env.errors import DataError, TaskContractError
 
 
@@ -129,3 +135,17 @@ def test_bad_inputs_get_clear_errors(call, error, pattern) -> None:
 def test_an_interval_is_a_frozen_record() -> None:
     fields = [f.name for f in dataclasses.fields(Interval)]
     assert fields[:7] == ["estimate", "low", "high", "level", "n", "n_boot", "method"]
+
+
+def test_wilson_interval_matches_the_formula_and_stays_in_0_1() -> None:
+    low, high = wilson_interval(7, 10)  # by hand: centre 0.6445, half-width 0.2477
+    assert (round(low, 4), round(high, 4)) == (0.3968, 0.8922)
+    assert wilson_interval(0, 11)[0] == 0.0 and wilson_interval(11, 11)[1] == 1.0
+    assert 0.0 < wilson_interval(0, 11)[1] < 0.3 and wilson_interval(11, 11)[0] > 0.7
+    narrow, wide = wilson_interval(70, 100), wilson_interval(7, 10)
+    assert narrow[1] - narrow[0] < wide[1] - wide[0]  # more pairs, a narrower interval
+    for bad in ((11, 10), (-1, 10), (0, 0)):
+        with pytest.raises(TaskContractError, match="successes"):
+            wilson_interval(*bad)
+    with pytest.raises(TaskContractError, match="level"):
+        wilson_interval(1, 2, level=1.5)
