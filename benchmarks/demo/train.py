@@ -6,10 +6,11 @@ The record (``<out>/<task>/training.json``, committed with the results) holds wh
 and the report need of each run: its stages, their metrics and compute, its config, the unit key
 of each stage's row and its adapter's digest.
 
-The training folders are committed without each stage's merged weights (``.gitignore``): a LoRA
-stage keeps its adapter (about 19 MB in fp32 at r 16 on the embedded model, against 540 MB merged),
-and a resumed run rebuilds the merged weights from it, checked bit for bit against the stage's
-manifest (:mod:`optima_trainers.host.adapters`). So a long retrain goes on across machines that
+The training folders are committed without each stage's merged weights and tokenizer file
+(``.gitignore``): a LoRA stage keeps its adapter (about 19 MB in fp32 at r 16 on the embedded model,
+against 540 MB merged), and a resumed run rebuilds the merged weights from it and copies the
+tokenizer from the start model, each checked bit for bit against the stage's manifest
+(:mod:`optima_trainers.host.adapters`). So a long retrain goes on across machines that
 start empty, stage by stage. A task whose runs were trained before that (no training folders) has
 the record and the adapters only: :func:`recorded_runs` gives the runs back from the record when
 it still agrees with the recipe and the committed adapters, and the demo then trains nothing
@@ -27,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.demo.tasks import DemoTask
-from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS, verify_manifest
+from optima_env.backends.peft_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, verify_manifest
+from optima_env.errors import DataError
 from optima_env.io import read_json_object, write_json_atomic
 
 __all__ = [
     "TrainedRun",
     "adapter_dir",
+    "chain_rank",
     "export_run",
     "init_done",
     "record_training",
@@ -164,9 +167,53 @@ def train_run(spec: DemoTask, root: Path, trainer: str, *, progress: bool) -> Tr
     )
 
 
+def chain_rank(run: TrainedRun) -> int:
+    """The rank of a run's final weight change: the sum of the LoRA ranks ``r`` of the stages it
+    chains (each stage's adapter, ``checkpoint/adapter/``, merged into the one before it; a stage
+    that trained nothing and kept its start model is counted once). A truncated SVD at this rank
+    carries the final model exactly (up to the adapter's dtype); a lower rank drops part of what
+    training changed (rank 8 of a 4-stage r-16 chain lost about a third of the change).
+
+    Raises:
+        DataError: a stage's checkpoint has no adapter config to read ``r`` from (a stage trained
+            in full, or a folder from before stages kept their adapters); set the task's
+            ``adapter_rank`` instead.
+    """
+    from optima_trainers.host.adapters import ADAPTER_FOLDER
+
+    total = 0
+    for stage, checkpoint in _distinct(run.stages):
+        config = Path(checkpoint) / ADAPTER_FOLDER / ADAPTER_CONFIG
+        if not config.is_file():
+            raise DataError(
+                f"{run.trainer} {stage}: expected the stage's LoRA adapter config at {config}, found none "
+                "(a full fine-tune or a folder from before stages kept adapters); set the demo task's "
+                "adapter_rank to export at a fixed rank"
+            )
+        rank = read_json_object(config, fix="delete the stage folder and resume the run").get("r")
+        if not isinstance(rank, int) or rank < 1:
+            raise DataError(f"{config}: field 'r': expected an int >= 1, got {rank!r}")
+        total += rank
+    return total
+
+
+def _distinct(stages: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The stages with their own checkpoint folder (the first stage naming each folder)."""
+    seen: set[str] = set()
+    out = []
+    for stage, checkpoint in stages:
+        key = os.path.realpath(checkpoint)
+        if key not in seen:
+            seen.add(key)
+            out.append((stage, checkpoint))
+    return out
+
+
 def export_run(
     spec: DemoTask, out: Path, run: TrainedRun, *, command: str, git_commit: str
 ) -> dict[str, Any]:
+    """Export the run's final model as the committed adapter, at the task's ``adapter_rank`` or,
+    unset, at :func:`chain_rank` (exact)."""
     from optima_trainers.cli.export import export_lora
 
     stage, checkpoint = run.stages[-1]
@@ -174,7 +221,7 @@ def export_run(
         spec.model,
         checkpoint,
         adapter_dir(out, spec.name, run.trainer),
-        rank=spec.adapter_rank,
+        rank=spec.adapter_rank if spec.adapter_rank is not None else chain_rank(run),
         provenance={
             "command": command,
             "git_commit": git_commit,

@@ -8,10 +8,11 @@ the merged model, which every later stage, rollout and evaluation loads, and bes
 
 The adapter is small (the embedded model, r 16 on every linear layer, fp32: about 19 MB against
 the 540 MB merged model), so a run folder can travel without its merged weights (a commit, a copy
-to another machine, a machine that starts empty every session): :func:`restore_weights` merges the
-stage's adapter into its start model again and writes the missing files, and accepts them only
-when each one's sha256 equals the manifest's, i.e. the rebuilt checkpoint is the trained one, bit
-for bit. :class:`~optima_trainers.host.loop.IterativeTrainer` calls it for every finished stage
+to another machine, a machine that starts empty every session), and without its tokenizer files
+(3.5 MB, the same in every stage): :func:`restore_weights` merges the stage's adapter into its
+start model again, takes the tokenizer's files from the start model, and accepts each file only
+when its sha256 equals the manifest's, i.e. the rebuilt checkpoint is the trained one, bit for
+bit. :class:`~optima_trainers.host.loop.IterativeTrainer` calls it for every finished stage
 whose weights are missing when a run resumes.
 
 Why our own code: PEFT saves, loads and merges adapters (all three are its calls here); what it
@@ -54,11 +55,22 @@ def missing_files(checkpoint: str | os.PathLike[str]) -> list[str]:
     return sorted(name for name in manifest_entries(checkpoint) if not (checkpoint / name).is_file())
 
 
+def _same_file(path: Path, entry: dict[str, Any]) -> bool:
+    """Whether ``path`` is a file with the manifest entry's size and sha256."""
+    return (
+        path.is_file()
+        and path.stat().st_size == entry.get("size")
+        and file_sha256(path) == entry.get("sha256")
+    )
+
+
 def restore_weights(
     checkpoint: str | os.PathLike[str], start_model: str, *, dtype: str = "float32"
 ) -> list[str]:
     """Write the missing files of a complete LoRA checkpoint by merging its ``adapter/`` into
-    ``start_model`` (the model its stage trained from) again; returns the names written.
+    ``start_model`` (the model its stage trained from) again; returns the names written. A missing
+    file that the merge does not write (the tokenizer's, which a stage copies unchanged from its
+    start model) is copied from ``start_model``'s folder when it is the same file.
 
     Each rebuilt file must have the sha256 that the manifest recorded when the stage finished;
     files appear one by one by atomic rename, so concurrent restores of one folder (the processes
@@ -97,10 +109,13 @@ def restore_weights(
         entries = manifest_entries(checkpoint)
         for name in missing:
             rebuilt = tmp / name
+            if not rebuilt.is_file() and _same_file(Path(start_model) / name, entries[name]):
+                shutil.copyfile(Path(start_model) / name, rebuilt)  # the tokenizer: the start model's
             if not rebuilt.is_file():
                 raise CorruptCheckpointError(
-                    f"{checkpoint / name}: missing, and merging the adapter into {start_model} does "
-                    f"not write it (it wrote {sorted(p.name for p in tmp.iterdir())}); {fix}"
+                    f"{checkpoint / name}: missing, and neither merging the adapter into {start_model} "
+                    f"(it wrote {sorted(p.name for p in tmp.iterdir())}) nor the start model's folder "
+                    f"gives it; {fix}"
                 )
             if file_sha256(rebuilt) != entries[name].get("sha256"):
                 raise CorruptCheckpointError(

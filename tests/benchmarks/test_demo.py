@@ -214,7 +214,9 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
         assert manifest["provenance"]["trainer"] == trainer or manifest.get("trainer") == trainer
         assert (folder / "adapter_model.safetensors").is_file() and (folder / "adapter_config.json").is_file()
     assert summary["adapters"]["iSFT"]["folder"].endswith("adapters/synth/isft")
-    assert summary["adapters"]["iSFT"]["rank"] == spec.adapter_rank
+    # the adapter carries the final model exactly: the rank of its 2 r-16 stages, not a truncation
+    assert spec.adapter_rank is None and summary["adapters"]["iSFT"]["rank"] == 32
+    assert summary["adapters"]["iSFT"]["delta_relative_error"]["mean"] < 1e-2
     adopted_file = out / "synth" / "train" / "idpo" / "iter_00" / "adopted.json"
     adopted = json.loads(adopted_file.read_text(encoding="utf-8"))
     assert adopted["from"] == str(out / "synth" / "train" / "isft" / "iter_00")
@@ -291,11 +293,13 @@ def test_committed_adapters_verify_and_name_the_command_that_made_them(folder: P
     from optima_env.backends.peft_adapter import verify_manifest
 
     manifest = verify_manifest(folder)  # every file's sha256
-    assert manifest is not None and manifest["rank"] == MAIN_TASK.adapter_rank
+    assert manifest is not None and isinstance(manifest["rank"], int) and manifest["rank"] >= 1
+    assert "mean" in manifest["delta_relative_error"]  # the report prints how exact it is
     provenance = manifest["provenance"]
     assert provenance["command"].startswith("python -m benchmarks.run --suite demo")
     assert provenance["trainer"] == folder.name and provenance["git_commit"]
-    assert manifest["bytes"] < 8_000_000  # small enough to commit
+    # an exact adapter is about 9.8 MB a r-16 stage in fp16: under 100 MB, one file's limit on GitHub
+    assert manifest["bytes"] < 100_000_000
 
 
 def test_a_task_without_its_data_is_reported_and_the_readme_names_what_is_left(tmp_path, monkeypatch) -> None:

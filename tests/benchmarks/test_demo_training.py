@@ -12,7 +12,8 @@ pytest.importorskip("trl")
 from benchmarks.demo.control import control_label  # noqa: E402
 from benchmarks.demo.suite import row_labels  # noqa: E402
 from benchmarks.demo.tasks import DemoTask  # noqa: E402
-from benchmarks.demo.train import init_done, train_run  # noqa: E402
+from benchmarks.demo.train import chain_rank, init_done, train_run  # noqa: E402
+from optima_env.errors import DataError  # noqa: E402
 from optima_trainers.host.checkpoint import manifest_entries  # noqa: E402
 from tests.optima_trainers.tiny_model import make_tiny_model  # noqa: E402
 
@@ -43,6 +44,14 @@ def test_the_run_that_trains_m0_first_shares_it_and_owns_the_control_row(tmp_pat
     labels = row_labels(runs)
     assert labels["isft", "iter_00"] == labels["idpo", "iter_00"] == "iDPO iter 00"
     assert labels["isft", "iter_01"] == "iSFT iter 01"
+    # the final change's rank: the sum of the stages' LoRA ranks; iDPO's tree found no pair on the
+    # tiny model, so its stage kept M_0's checkpoint, which is counted once
+    assert chain_rank(isft) == 32
+    assert idpo.stages[1][1] == idpo.stages[0][1] and chain_rank(idpo) == 16
+    adapter = root / "train" / "isft" / "iter_01" / "checkpoint" / "adapter" / "adapter_config.json"
+    adapter.rename(adapter.with_suffix(".gone"))
+    with pytest.raises(DataError, match=r"isft iter_01: expected the stage's LoRA adapter .*adapter_rank"):
+        chain_rank(isft)
     # a third run with other initialization settings trains its own M_0
     other = DemoTask(
         name="synth", task="ie/synth-v0", model=str(tiny), trainers=("isft", "idpo", "isft-dpo"),

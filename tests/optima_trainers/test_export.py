@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from optima_env.backends.peft_adapter import content_hash, file_sha256  # noqa: E402
-from optima_trainers.cli.export import export_lora, main  # noqa: E402
+from optima_trainers.cli.export import TRUNCATION_WARNING, export_lora, main  # noqa: E402
 from tests.optima_trainers.tiny_model import add_low_rank_delta, make_tiny_model  # noqa: E402
 
 MODULES = ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj")
@@ -159,3 +159,15 @@ def test_the_command_line_round_trip(pair, tmp_path, capsys) -> None:
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: --model ") and "does not exist" in lines[0], lines
+
+
+def test_a_truncating_rank_warns_and_an_exact_one_does_not(pair, tmp_path, caplog) -> None:
+    base, trained = pair  # a rank-2 change
+    with caplog.at_level(logging.WARNING, logger="optima_trainers.cli.export"):
+        exact = export_lora(str(base), trained, tmp_path / "exact", rank=2)
+    assert exact["delta_relative_error"]["mean"] < 2e-3 and not caplog.records
+    with caplog.at_level(logging.WARNING, logger="optima_trainers.cli.export"):
+        cut = export_lora(str(base), trained, tmp_path / "cut", rank=1)
+    assert cut["delta_relative_error"]["mean"] > TRUNCATION_WARNING
+    (record,) = caplog.records
+    assert "rank-1 adapter" in record.getMessage() and "sum of its stages' ranks" in record.getMessage()

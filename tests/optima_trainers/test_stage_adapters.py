@@ -20,6 +20,7 @@ from optima_trainers.host.checkpoint import manifest_entries, require_complete  
 from tests.optima_trainers.tiny_model import add_low_rank_delta, make_tiny_model  # noqa: E402
 
 WEIGHTS = "model.safetensors"
+TOKENIZER = "tokenizer.json"
 SMALL = {
     "generation.instances": 2, "generation.num_samples": 2, "generation.max_turns": 2,
     "generation.max_new_tokens": 8, "generation.concurrency": 4, "generation.backend": "hf",
@@ -53,8 +54,10 @@ def test_a_lora_stage_keeps_its_adapter_in_the_manifest_and_a_run_without_merged
         config = json.loads((checkpoint / ADAPTER_FOLDER / "adapter_config.json").read_text())
         assert config["peft_type"] == "LORA" and config["r"] == 16
         trained[checkpoint] = files[WEIGHTS]["sha256"]
-        (checkpoint / WEIGHTS).unlink()  # the folder travels without its merged weights
-        assert missing_files(checkpoint) == [WEIGHTS]
+        # the folder travels without its merged weights and its tokenizer (the start model's)
+        for name in (WEIGHTS, TOKENIZER):
+            (checkpoint / name).unlink()
+        assert missing_files(checkpoint) == [WEIGHTS, TOKENIZER]
     # resuming with one iteration more needs iter_01's weights, which need iter_00's
     metrics = _run(root, tiny, iterations=3)
     assert [m["stage"] for m in metrics] == ["iter_00", "iter_01", "iter_02"]
@@ -83,6 +86,13 @@ def test_a_dpo_stage_keeps_its_adapter_and_its_weights_are_rebuilt_from_the_star
     assert restore_weights(out, str(tiny)) == [WEIGHTS]
     require_complete(out)
     assert restore_weights(out, str(tiny)) == []  # nothing missing: nothing written
+    # a tokenizer file is taken from the start model only when it is the same file
+    (out / TOKENIZER).unlink()
+    (other / TOKENIZER).write_text("{}", encoding="utf-8")
+    with pytest.raises(CorruptCheckpointError, match=r"tokenizer.json: missing, and neither merging"):
+        restore_weights(out, str(other))
+    assert restore_weights(out, str(tiny)) == [TOKENIZER]
+    require_complete(out)
 
 
 def test_missing_weights_without_an_adapter_say_what_to_do(tiny, tmp_path) -> None:
