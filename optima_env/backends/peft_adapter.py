@@ -79,12 +79,15 @@ def adapter_base(folder: str | os.PathLike[str]) -> Path:
     return source_folder(base)
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """The sha256 (hex) of one file's bytes."""
+def file_sha256(path: str | os.PathLike[str], *, sync: bool = False) -> str:
+    """The sha256 (hex) of one file's bytes (``sync``: and fsync the file while it is open, as a
+    checkpoint's manifest does for each file it lists)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
+        if sync:
+            os.fsync(handle.fileno())
     return digest.hexdigest()
 
 

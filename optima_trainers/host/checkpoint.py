@@ -22,7 +22,6 @@ Markers written before manifests existed (no ``files`` key) are accepted unverif
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optima_env.backends.peft_adapter import file_sha256
 from optima_env.errors import CorruptCheckpointError, DataError
 
 __all__ = [
@@ -49,7 +49,6 @@ COMPLETE_MARKER = "COMPLETE"
 """File written last inside a finished checkpoint folder (JSON: the training summary and the
 ``files`` manifest: relative path -> ``{"size": bytes, "sha256": hex}``)."""
 
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,28 +178,18 @@ def _verify_files(path: Path, marker: Path, files: Any, fix: str) -> None:
                 f"{target}: {size} bytes, but {entry['size']} when the checkpoint was finished "
                 f"(truncated or altered); {fix}"
             )
-        if _sha256(target) != entry.get("sha256"):
+        if file_sha256(target) != entry.get("sha256"):
             raise CorruptCheckpointError(
                 f"{target}: sha256 differs from the one recorded in {marker} (altered after the "
                 f"checkpoint was finished); {fix}"
             )
 
 
-def _sha256(path: Path, *, sync: bool = False) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-        if sync:
-            os.fsync(handle.fileno())
-    return digest.hexdigest()
-
-
 def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
     """Size and sha256 of every file under ``folder`` but the marker (each fsync'ed)."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
     return {
-        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p, sync=True)}
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p, sync=True)}
         for p in files
     }
 

@@ -18,13 +18,13 @@ def test_each_checkpoint_file_is_hashed_once_in_a_two_stage_run(tmp_path, monkey
     from tests.optima_trainers.tiny_model import make_tiny_model
 
     hashed: Counter[Path] = Counter()
-    real = checkpoint._sha256
+    real = checkpoint.file_sha256
 
     def counting(path: Path, **kwargs):  # the real hash, counted per file
         hashed[Path(path)] += 1
         return real(path, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "_sha256", counting)
+    monkeypatch.setattr(checkpoint, "file_sha256", counting)
     model = make_tiny_model(tmp_path / "tiny")
     sizes = {"generation.instances": 2, "generation.num_samples": 2, "generation.max_turns": 2,
              "generation.max_new_tokens": 8, "sft.max_steps": 1, "selection.theta": -100.0}  # fmt: skip
