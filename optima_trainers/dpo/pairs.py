@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from optima_env.errors import DataError, TaskContractError
 from optima_env.io import append_jsonl, read_jsonl, read_text, write_text_atomic
-from optima_trainers.dpo.records import PairCandidate, PairDetail, PairSide, PreferencePair
+from optima_trainers.dpo.records import PAIR_REASONS, PairCandidate, PairDetail, PairSide, PreferencePair
 
 __all__ = [
     "PAIR_DETAILS",
@@ -29,6 +29,7 @@ __all__ = [
     "candidate_pairs",
     "pair_details",
     "pair_side",
+    "pair_summary",
     "pairs_to_dpo_dataset",
     "prune_pair_details",
     "read_pair_details",
@@ -256,3 +257,31 @@ def prune_pair_details(path: str | os.PathLike[str], chunks: set[int]) -> None:
 def read_pair_details(path: str | os.PathLike[str]) -> list[PairDetail]:
     """The records of a stage's ``pairs_detail.jsonl`` (a torn last line is skipped)."""
     return read_jsonl(path, PairDetail.from_dict, fix="delete it; a resumed stage cannot rebuild it")
+
+
+def pair_summary(details: Sequence[PairDetail]) -> dict[str, float]:
+    """A tree stage's pairs in a few numbers, for its stage record (``mcts/*``, the tracker and the
+    demo's committed ``training.json``): the candidate pairs and how many each rule drops
+    (``mcts/dropped/<reason>``, a pair may fail several), and over the selected pairs (the stage's
+    ``pairs.jsonl``) the mean gap of the value and of each reward term (``mcts/gap/<term>``: what
+    decides the pairs, task or length or readability), the mean visits of a side, and the share
+    whose chosen side earned more task than the rejected one (``mcts/task_credited``).
+
+    >>> pair_summary([])
+    {'mcts/candidates': 0.0}
+    """
+    out = {"mcts/candidates": float(len(details))}
+    if not details:
+        return out
+    out |= {f"mcts/dropped/{r}": float(sum(r in d.reasons for d in details)) for r in PAIR_REASONS}
+    selected = [d for d in details if d.selected]
+    if not selected:
+        return out
+    gaps = [d.gap() for d in selected]
+    for term in ("total", "task", "token", "readability"):
+        values = [g[term] for g in gaps if g[term] is not None]
+        if values:
+            out[f"mcts/gap/{term}"] = sum(values) / len(values)
+    out["mcts/visits"] = sum(d.chosen.visits + d.rejected.visits for d in selected) / (2 * len(selected))
+    out["mcts/task_credited"] = sum(d.chosen.task > d.rejected.task for d in selected) / len(selected)
+    return out

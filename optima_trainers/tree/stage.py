@@ -365,7 +365,10 @@ def _tree_record(tree: Any, config: TrainConfig) -> dict[str, Any]:
 def read_tree_stage(
     folder: Path, config: TrainConfig
 ) -> tuple[list[Episode], list[PreferencePair], dict[str, float]]:
-    """``(trajectories, kept pairs, metrics)`` of a generated tree stage."""
+    """``(trajectories, kept pairs, metrics)`` of a generated tree stage (the metrics with the
+    pairs' summary, :func:`~optima_trainers.dpo.pairs.pair_summary`)."""
+    from optima_trainers.dpo.pairs import PAIR_DETAILS, pair_summary, read_pair_details
+
     trees = [t for _, line in sorted(finished_chunks(folder / "trees.jsonl").items()) for t in line]
     episodes = [Episode.from_dict(e) for t in trees for e in t.get("trajectories", [])]
     pairs = read_pairs(folder / "pairs.jsonl")
@@ -385,4 +388,6 @@ def read_tree_stage(
         "mcts/pairs_found": float(sum(len(t["pairs"]) for t in trees)),
         "mcts/pairs": float(len(pairs)),
     }
+    if (folder / PAIR_DETAILS).is_file():  # absent in stages from before the records were kept
+        metrics |= pair_summary(read_pair_details(folder / PAIR_DETAILS))
     return episodes, pairs, metrics

@@ -276,6 +276,19 @@ def test_the_tree_stage_records_every_candidate_pair(tmp_path: Path) -> None:
         (p.sample_id, p.chosen, p.rejected, p.chosen_value) for p in pairs
     )
     assert all(not d.reasons for d in selected)
+    # the stage record's summary of the pairs, as counted from the records
+    from optima_trainers.tree.stage import read_tree_stage
+
+    _, _, metrics = read_tree_stage(tmp_path, resolve_config("ie/synth-v0", "idpo"))
+    assert metrics["mcts/candidates"] == len(details)
+    for reason in ("theta_diff", "task_credit", "visits"):
+        assert metrics[f"mcts/dropped/{reason}"] == sum(reason in d.reasons for d in details)
+    assert metrics["mcts/gap/total"] == pytest.approx(
+        sum(d.chosen.value - d.rejected.value for d in selected) / len(selected)
+    )
+    task_gap = sum(d.chosen.task - d.rejected.task for d in selected) / len(selected)
+    assert metrics["mcts/gap/task"] == pytest.approx(task_gap)
+    assert metrics["mcts/visits"] >= 1 and 0 <= metrics["mcts/task_credited"] <= 1
     for d in details:  # the scored rollouts' terms reach the record; the gap is chosen minus rejected
         gap = d.to_dict()["gap"]
         assert d.chosen.token is not None and gap["total"] == d.chosen.value - d.rejected.value
