@@ -26,6 +26,10 @@ def _row(row: Mapping[str, Any]) -> dict[str, Any]:
     return out | {"key": row["method_key"], "tokens": row["mean_tokens"], "control": bool(row.get("control"))}
 
 
+_TERMS = ("task", "token", "readability")
+"""The reward terms whose mean gap over a DPO stage's pairs the curves keep."""
+
+
 def _curve(
     run: Any, rows: Mapping[str, dict[str, Any]], labels: Mapping[tuple[str, str], str]
 ) -> list[dict[str, Any]]:
@@ -50,6 +54,8 @@ def _curve(
                 "pair_accuracy": metrics.get("train/eval_rewards/accuracies"),
                 "pair_margin": metrics.get("train/eval_rewards/margins"),
                 "eval_pairs": metrics.get("train/eval_pairs"),
+                # what decided the stage's pairs: the mean gap of each reward term (pair_summary)
+                "pair_gaps": {t: metrics[f"mcts/gap/{t}"] for t in _TERMS if f"mcts/gap/{t}" in metrics},
                 "wall_s": sum(v for k, v in metrics.items() if k.startswith("time/")),
                 "shared": stage == run.shared,
             }

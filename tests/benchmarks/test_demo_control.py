@@ -230,7 +230,8 @@ def test_the_learning_check_reports_each_dpo_run_against_m0_and_each_dpo_stage()
         "curves": {
             "iSFT": [{"stage": "iter_00", "pairs": None}],
             "iDPO": [{"stage": "iter_00", "pairs": None, "shared": True},
-                     {"stage": "iter_01", "pairs": 104.0, "pair_accuracy": 0.7, "eval_pairs": 10.0},
+                     {"stage": "iter_01", "pairs": 104.0, "pair_accuracy": 0.7, "eval_pairs": 10.0,
+                      "pair_gaps": {"task": 0.268, "token": 0.213, "readability": -0.02}},
                      {"stage": "iter_02", "pairs": 96.0, "pair_accuracy": 0.8}],
             "iSFT-DPO": [{"stage": "iter_00_dpo", "pairs": 120.0, "pair_accuracy": None}],
         },
@@ -240,7 +241,10 @@ def test_the_learning_check_reports_each_dpo_run_against_m0_and_each_dpo_stage()
     assert "- iDPO: adapter vs M_0 +0.040 [+0.010, +0.070] (met" in text
     assert "- iSFT-DPO: adapter vs M_0 +0.010 [-0.020, +0.040] (not met" in text
     # the held-out count and the accuracy's Wilson interval (7 of 10: 0.3968-0.8922)
-    assert "iter_01: 104 pairs, held-out pair accuracy 0.70 (7 of 10, 95% interval 0.40-0.89) (met)" in text
+    assert (
+        "iter_01: 104 pairs, held-out pair accuracy 0.70 (7 of 10, 95% interval 0.40-0.89) (met); "
+        "mean gap chosen - rejected: task +0.268, token +0.213, readability -0.020"
+    ) in text
     assert "iter_02: 96 pairs, held-out pair accuracy 0.80 (not met)" in text  # too few pairs
     assert "iter_00_dpo: 120 pairs, held-out pair accuracy not evaluated (not met)" in text
     assert "the best trained system (iDPO): 52.5 tokens per episode (not met, at most 40 wanted)" in text
