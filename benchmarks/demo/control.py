@@ -152,8 +152,9 @@ def learning_lines(summary: Mapping[str, Any]) -> list[str]:
             ok = pairs >= MIN_PAIRS and accuracy is not None and accuracy >= MIN_PAIR_ACCURACY
             shown = _accuracy(accuracy, p.get("eval_pairs"))
             gaps = ", ".join(f"{term} {gap:+.3f}" for term, gap in (p.get("pair_gaps") or {}).items())
+            verdict = "met" if ok else "not met"
             lines.append(
-                f"  - {p['stage']}: {pairs:g} pairs, held-out pair accuracy {shown} ({'met' if ok else 'not met'})"
+                f"  - {p['stage']}: {pairs:g} pairs, held-out pair accuracy {shown} ({verdict})"
                 + (f"; mean gap chosen - rejected: {gaps}" if gaps else "")
             )
     best = max(finals.values(), key=lambda r: r.get("score") or 0.0, default=None)
