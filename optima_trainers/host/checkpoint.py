@@ -50,7 +50,6 @@ COMPLETE_MARKER = "COMPLETE"
 ``files`` manifest: relative path -> ``{"size": bytes, "sha256": hex}``)."""
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainResult:
     """What one training stage (SFT or DPO) produced."""

@@ -240,18 +240,17 @@ class RunDir:
 
     def record_phase(self, stage: str, phase: str, seconds: float, **extra: Any) -> None:
         """Note that ``phase`` of ``stage`` finished (and how long it took) in the state."""
-        state = self.state()
-        timings = state.get("timings", {})
-        timings.setdefault(stage, {})[phase] = timings.get(stage, {}).get(phase, 0.0) + seconds
-        self.save_state(stage=stage, phase=phase, timings=timings, **extra)
+        self.save_state(stage=stage, phase=phase, timings=self._timings_plus(stage, phase, seconds), **extra)
 
     def record_time(self, stage: str, phase: str, seconds: float) -> None:
         """Add ``seconds`` to ``phase`` of ``stage`` in the state without marking it finished (the
         saved part of a phase still running, :class:`~optima_trainers.generation.rollouts.PhaseClock`)."""
-        state = self.state()
-        timings = state.get("timings", {})
+        self.save_state(timings=self._timings_plus(stage, phase, seconds))
+
+    def _timings_plus(self, stage: str, phase: str, seconds: float) -> dict[str, Any]:
+        timings = self.state().get("timings", {})
         timings.setdefault(stage, {})[phase] = timings.get(stage, {}).get(phase, 0.0) + seconds
-        self.save_state(timings=timings)
+        return timings
 
     def timings(self, stage: str) -> dict[str, float]:
         """Seconds spent per phase of ``stage`` (summed over resumptions)."""
