@@ -38,6 +38,7 @@ __all__ = [
     "chain_rank",
     "export_run",
     "init_done",
+    "init_result",
     "record_training",
     "recorded_runs",
     "train_run",
@@ -130,10 +131,17 @@ def _init_stage(spec: DemoTask, trainer: str) -> str | None:
     return first.name if first.init else None
 
 
+def init_result(spec: DemoTask, root: Path, trainer: str) -> Path | None:
+    """The record that ``trainer``'s run of the task writes when its initialization stage (M_0)
+    is finished (None: the run has no initialization stage)."""
+    init = _init_stage(spec, trainer)
+    return None if init is None else root / "train" / trainer / init / "result.json"
+
+
 def init_done(spec: DemoTask, root: Path, trainer: str) -> bool:
     """Whether ``trainer``'s run of the task has finished its initialization stage (M_0)."""
-    init = _init_stage(spec, trainer)
-    return init is not None and (root / "train" / trainer / init / "result.json").is_file()
+    result = init_result(spec, root, trainer)
+    return result is not None and result.is_file()
 
 
 def train_run(spec: DemoTask, root: Path, trainer: str, *, progress: bool) -> TrainedRun:

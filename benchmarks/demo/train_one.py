@@ -62,13 +62,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    from benchmarks.demo.train import init_done, train_run
+    from benchmarks.demo.train import init_result, train_run
+    from optima_trainers.host.runs import wait_for
 
     root = args.out / spec.name
-    if args.after and not init_done(spec, root, args.after):
-        print(f"[{spec.name} {args.trainer}] waiting for {args.after}'s initialization", flush=True)
-        while not init_done(spec, root, args.after):
-            time.sleep(_POLL_S)
+    if args.after:
+        result = init_result(spec, root, args.after)
+        if result is None:
+            print(f"{COMMAND}: {args.after} has no initialization stage to wait for", file=sys.stderr)
+            return 2
+        if not result.is_file():
+            print(f"[{spec.name} {args.trainer}] waiting for {args.after}'s M_0 ({result})", flush=True)
+            wait_for(result, poll_s=_POLL_S)
     started = time.perf_counter()
     try:
         run = train_run(spec, root, args.trainer, progress=not args.no_progress)

@@ -12,7 +12,7 @@ pytest.importorskip("trl")
 from benchmarks.demo.control import control_label  # noqa: E402
 from benchmarks.demo.suite import row_labels  # noqa: E402
 from benchmarks.demo.tasks import DemoTask  # noqa: E402
-from benchmarks.demo.train import chain_rank, init_done, train_run  # noqa: E402
+from benchmarks.demo.train import chain_rank, init_done, init_result, train_run  # noqa: E402
 from optima_env.errors import DataError  # noqa: E402
 from optima_trainers.host.checkpoint import manifest_entries  # noqa: E402
 from tests.optima_trainers.tiny_model import make_tiny_model  # noqa: E402
@@ -36,6 +36,8 @@ def test_the_run_that_trains_m0_first_shares_it_and_owns_the_control_row(tmp_pat
     isft = train_run(spec, root, "isft", progress=False)  # same initialization settings: adopts it
     assert idpo.shared is None and isft.shared == "iter_00"
     assert init_done(spec, root, "idpo") and init_done(spec, root, "isft")
+    # what train_one --after waits for: the init stage's record, resolved once
+    assert init_result(spec, root, "idpo") == root / "train" / "idpo" / "iter_00" / "result.json"
     own, adopted = root / "train" / "idpo" / "iter_00", root / "train" / "isft" / "iter_00"
     assert (adopted / "adopted.json").is_file() and not (own / "adopted.json").is_file()
     assert manifest_entries(adopted / "checkpoint") == manifest_entries(own / "checkpoint")
