@@ -13,8 +13,9 @@ setting where no agent can answer alone, then HotpotQA when its data is present)
    compute; the table's M_0 row is that run's iteration-0 stage). A rerun
    with the same ``--out`` resumes every run where it stopped (finished stages are kept; only the
    number of iterations may change).
-2. **export** each run's final model as a small LoRA adapter (``<out>/adapters/<task>/<trainer>``:
-   fp16, rank 8, with a manifest of the command, git commit, config and sha256;
+2. **export** each run's final model as a LoRA adapter (``<out>/adapters/<task>/<trainer>``:
+   fp16, at the task's ``adapter_rank`` or the chain's full rank, with a manifest of the command,
+   git commit, config, sha256 and the truncation's error;
    :func:`optima_trainers.cli.export.export_lora`); these are the committed adapters that the
    README's main command evaluates.
 3. **evaluate** on held-out instances (the test split; HotpotQA's is the dev set), greedy, with the
@@ -31,11 +32,11 @@ setting where no agent can answer alone, then HotpotQA when its data is present)
 What a fresh clone resumes: the episode stores, their ``timing.json``, ``invocations.json``, the
 adapters, each task's training record (``<task>/training.json``: :mod:`benchmarks.demo.train`)
 and the training folders but for their merged weights (each stage keeps its LoRA adapter, from
-which a resumed run rebuilds them) are committed with the results (see ``.gitignore``). A clone
-without training folders (runs trained before they were committed) takes the runs from the
-record, so long as it agrees with the recipe and the committed adapters and every stage's
-episodes are in the store, and trains nothing; otherwise it trains again. To reproduce the
-adapters from scratch, pass another ``--out``.
+which a resumed run rebuilds them) are committed with the results (see ``.gitignore``). Once the
+runs have finished, a clone takes them from the record, so long as it agrees with the recipe and
+the committed adapters and every stage's episodes are in the store, and trains nothing; otherwise
+it trains again (resuming the training folders). To reproduce the adapters from scratch, pass
+another ``--out``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,7 @@ def _stage_methods(runs: Sequence[TrainedRun], settings: PlaySettings) -> list[M
     rows of a run read from the training record keep its recorded keys (its checkpoints are gone)."""
     rows = {stage_label(r.trainer, s): path for r in runs for s, path in r.stages if s != r.shared}
     keys = {stage_label(r.trainer, s): key for r in runs for s, key in r.keys.items()}
-    return [replace(m, key=keys.get(m.label, m.key)) for m in build_methods(("mad", "cot"), rows, settings)]
+    return build_methods(("mad", "cot"), rows, settings, keys=keys)
 
 
 def _stage_keys(runs: Sequence[TrainedRun], settings: PlaySettings) -> dict[str, dict[str, str]]:
@@ -178,11 +178,19 @@ def _control_method(
     if method is None:
         return None
     store, entry = EpisodeStore(_table_store(root)), _entry(spec, spec.eval_instances)
-    if Path(str(method.model)).is_dir() or not pending_jobs(method, entry, store, seed=settings.seed):
+    if _loadable(str(method.model)) or not pending_jobs(method, entry, store, seed=settings.seed):
         return method
     logger.warning("demo %s: %s's checkpoint is gone and its table episodes are not all played: "
                    "the table has no M_0 row", spec.name, label)  # fmt: skip
     return None
+
+
+def _loadable(checkpoint: str) -> bool:
+    """Whether a stage's checkpoint folder holds its weights (a committed one keeps only its
+    manifest, and some stages their adapter)."""
+    from optima_trainers.host.adapters import missing_files
+
+    return Path(checkpoint).is_dir() and not missing_files(checkpoint)
 
 
 def _timing(folder: Path) -> tuple[Path, float]:
@@ -392,7 +400,7 @@ def _run(
             done += len(spec.trainers)
             print(
                 f"[demo {done}/{units}] {spec.name}: the training record and the committed adapters "
-                "(no training folders, every stage played): not training again (another --out trains "
+                "(every run finished, every stage played): not training again (another --out trains "
                 "from scratch)", flush=True,
             )  # fmt: skip
         else:

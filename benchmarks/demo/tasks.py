@@ -197,6 +197,7 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
             "isft-dpo": {"iterations": 3, **_SYNTH_PAIRS},
         },
         eval_instances=100,
+        adapter_rank=32,
         target_score_ratio=3.0,
         target_token_ratio=0.1,
         target_above_cot=True,
@@ -216,6 +217,11 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
             "is kept (pair_fraction 1, reference 0.5); 112 trees per iteration (about 100 pairs at the "
             "probe's 31 per 32 trees); DPO at SFT's learning rate (2e-4) and epochs (2), a tenth of the "
             "pairs held out and evaluated.",
+            "Adapters: the committed adapters are rank 32, a truncated SVD of each run's final weight "
+            "change, not the chain's full rank (64 for iDPO, 96 for iSFT and iSFT-DPO, 2 to 3 times "
+            "the size): measured on the finished iDPO and iSFT-DPO models, rank 32 leaves a mean "
+            "relative error of 0.0043 and 0.0057 per projection (rank 16: 0.044 and 0.047); the table "
+            "prints each adapter's own error, and the stage curves score the full final models.",
         ),
     ),
     DemoTask(

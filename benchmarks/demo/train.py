@@ -11,11 +11,12 @@ The training folders are committed without each stage's merged weights and token
 against 540 MB merged), and a resumed run rebuilds the merged weights from it and copies the
 tokenizer from the start model, each checked bit for bit against the stage's manifest
 (:mod:`optima_trainers.host.adapters`). So a long retrain goes on across machines that
-start empty, stage by stage. A task whose runs were trained before that (no training folders) has
-the record and the adapters only: :func:`recorded_runs` gives the runs back from the record when
-it still agrees with the recipe and the committed adapters, and the demo then trains nothing
-again as long as every stage's episodes are in the committed store (:mod:`benchmarks.demo.suite`
-checks that).
+start empty, stage by stage. Once every run has finished, the record stands in for the training
+folders (a task trained before they were committed has none; a committed one may leave out some
+stages' adapters to keep a submission small): :func:`recorded_runs` gives the runs back from the
+record when it still agrees with the recipe and the committed adapters, and the demo then trains
+nothing again as long as every stage's episodes are in the committed store
+(:mod:`benchmarks.demo.suite` checks that).
 """
 
 from __future__ import annotations
@@ -275,16 +276,18 @@ def record_training(
 
 
 def recorded_runs(spec: DemoTask, root: Path, out: Path) -> list[TrainedRun] | None:
-    """The task's runs as its training record holds them, when no training folder is there to
-    resume from and the record agrees with the recipe (every trainer's config) and with the
-    committed adapters (their weights' sha256); else None, and the demo trains.
+    """The task's runs as its training record holds them, when the record agrees with the recipe
+    (every trainer's config, so the same number of iterations: the record is written once every
+    run has finished them) and with the committed adapters (their weights' sha256); else None, and
+    the demo trains. The training folders, if any, are not read: a committed folder has no merged
+    weights, and the stages whose adapters were left out (too large to commit) cannot rebuild them.
 
     Raises:
         DataError: a committed adapter's files do not match its manifest (from
             :func:`~optima_env.backends.peft_adapter.verify_manifest`).
     """
     path = root / _RECORD
-    if not path.is_file() or any((root / "train" / t / "config.json").is_file() for t in spec.trainers):
+    if not path.is_file():
         return None
     by_trainer = {r.get("trainer"): r for r in read_json_object(path).get("runs", [])}
     runs = []

@@ -39,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("trainer", help="one of the task's trainers (isft, idpo, isft-dpo)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/demo"), help="the demo's folder")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--after", default=None, help="wait for this run's initialization (M_0), then adopt it")
+    parser.add_argument(
+        "--after", default=None, help="wait for this run's initialization (M_0), then adopt it"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
@@ -53,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for trainer in (args.trainer, args.after):
         if trainer is not None and trainer not in spec.trainers:
-            print(f"{COMMAND}: {spec.name} trains {', '.join(spec.trainers)}; got {trainer!r}", file=sys.stderr)
+            trains = ", ".join(spec.trainers)
+            print(f"{COMMAND}: {spec.name} trains {trains}; got {trainer!r}", file=sys.stderr)
             return 2
     if args.threads is not None:
         if args.threads < 1:
@@ -81,8 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{COMMAND}: {exc}", file=sys.stderr)
         return 2
     shared = f" (initialization adopted: {run.shared})" if run.shared else ""
+    took = time.perf_counter() - started
     print(f"[{spec.name} {args.trainer}] {len(run.stages)} stages done{shared} in "
-          f"{time.perf_counter() - started:.0f} s; stage compute {run.compute_s():.0f} s", flush=True)  # fmt: skip
+          f"{took:.0f} s; stage compute {run.compute_s():.0f} s", flush=True)  # fmt: skip
     return 0
 
 

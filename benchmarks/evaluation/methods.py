@@ -351,8 +351,12 @@ def build_methods(
     settings: PlaySettings,
     *,
     scaling: bool = False,
+    keys: Mapping[str, str] | None = None,
 ) -> list[Method]:
     """The methods of a run, in table order: the named baselines, then one per checkpoint.
+
+    ``keys`` gives the unit key of a checkpoint whose key is known already (a run's recorded stage,
+    whose folder may no longer hold the weights): it is not hashed again (:func:`checkpoint_key`).
 
     With ``scaling`` every method becomes its inference-scaling variant (``scaling_k`` samples at
     ``scaling_temperature``); ``sc`` is then redundant with ``scaling:cot`` and is rejected.
@@ -361,7 +365,7 @@ def build_methods(
     for name, path in checkpoints.items():
         methods.append(
             Method(
-                key=checkpoint_key(name, path),
+                key=(keys or {}).get(name) or checkpoint_key(name, path),
                 label=name,
                 agents="multi",
                 style=None,

@@ -47,6 +47,8 @@ def test_demo_tasks_train_on_train_rows_and_name_their_departures() -> None:
             overrides = spec.config_overrides(trainer)
             assert overrides.get("split", "train") == "train" and overrides["iterations"] >= 2
         assert any("256" in d for d in spec.departures)  # the turn cap and why
+        if spec.adapter_rank is not None:  # a truncated export says so, and why
+            assert any(f"rank {spec.adapter_rank}" in d for d in spec.departures)
 
 
 def _row(key: str, method: str, scores: list[float], tokens: list[float]) -> dict:
@@ -253,24 +255,36 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
     replace_block(readme, "demo", readme_block(again))
     assert "| iSFT-DPO |" in readme.read_text(encoding="utf-8")
 
-    # a fresh clone has the committed results but no training folders: the training record stands
-    # in for them (the stages' rows keep their keys), so nothing trains or plays again
+    # a fresh clone has the committed results and training folders without their merged weights
+    # (.gitignore), and without the adapters of the stages left out of the commit: the training
+    # record stands in for them (the stages' rows keep their keys), so nothing trains or plays again
     record = json.loads((out / "synth" / "training.json").read_text(encoding="utf-8"))
     assert [r["trainer"] for r in record["runs"]] == list(TRAINERS)
     assert set(record["runs"][1]["keys"]) == {"iter_01"}  # iDPO's M_0 is iSFT's row
-    shutil.rmtree(out / "synth" / "train")
+    ignored = [*out.glob("synth/train/*/*/checkpoint/model*.safetensors"),
+               *out.glob("synth/train/*/*/checkpoint/tokenizer.json")]  # fmt: skip
+    assert len(ignored) >= 2 * len(TRAINERS)
+    for path in ignored:
+        path.unlink()
+    shutil.rmtree(out / "synth" / "train" / "isft" / "iter_01" / "checkpoint" / "adapter")
     pages = sorted(out.glob("synth/*/viewer.html"))  # generated pages, not committed either
     assert len(pages) == len(played) // 2
     for page in pages:
         page.unlink()
     clone = run_demo(out, tasks=[spec], progress=False)
     assert sorted(out.glob("synth/*/viewer.html")) == pages  # written again from the episode stores
-    assert not (out / "synth" / "train").exists()  # nothing trained
+    assert not any(path.exists() for path in ignored)  # nothing trained, no weights rebuilt
     assert {p: p.read_bytes() for p in frozen} == frozen
     assert {p: p.stat().st_mtime_ns for p in frozen} == mtimes
     assert clone["tasks"][0]["rows"] == summary["rows"]
     assert clone["tasks"][0]["curves"] == summary["curves"]
     assert clone["train_s"] == demo["train_s"]  # the training's compute, from the record
+    # runs trained before their folders were committed: the record alone
+    shutil.rmtree(out / "synth" / "train")
+    alone = run_demo(out, tasks=[spec], progress=False)
+    assert not (out / "synth" / "train").exists()  # nothing trained
+    assert {p: p.read_bytes() for p in frozen} == frozen
+    assert alone["tasks"][0]["rows"] == summary["rows"]
     # a record that no longer agrees with the recipe or the adapters is not taken
     other = replace(spec, train={**spec.train, "sft.max_steps": 2})
     assert recorded_runs(other, out / "synth", out) is None
