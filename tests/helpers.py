@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -96,6 +97,15 @@ class FailingAfter(ScriptedPolicy):
             self.calls.append(len(requests))
             raise BackendError("server down after 5 attempts")
         return super().generate(requests, sampling)
+
+
+def ctrl_c_as_in_a_terminal() -> None:
+    """``preexec_fn`` for a child that a test interrupts with SIGINT: Ctrl-C acts on it as in a
+    terminal, whatever this process inherited. A job started in the background by a
+    non-interactive shell (``.ci/run ... &``) ignores SIGINT, its children inherit the ignore, and
+    Python then installs no KeyboardInterrupt handler, so the child would run on to its end."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:

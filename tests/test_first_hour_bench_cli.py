@@ -14,7 +14,7 @@ import pytest
 from benchmarks.demo.tasks import MAIN_TASK
 from benchmarks.run import _suite_adapters
 from benchmarks.suites import get_suite
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, ctrl_c_as_in_a_terminal
 
 
 def bench(*argv: str, cwd=REPO_ROOT) -> subprocess.CompletedProcess[str]:
@@ -138,6 +138,7 @@ def test_ctrl_c_prints_the_command_that_resumes(tmp_path) -> None:
         [sys.executable, "-m", "benchmarks.run", *argv, "--out", str(out)],
         cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )  # fmt: skip
     episodes = out / "episodes.jsonl"
     deadline = time.monotonic() + 300

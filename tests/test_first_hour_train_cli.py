@@ -15,7 +15,7 @@ import pytest
 
 from optima_trainers.config.train import resolve_config
 from optima_trainers.host.runs import RunDir
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, ctrl_c_as_in_a_terminal
 from tests.optima_trainers.tiny_model import make_tiny_model
 
 TINY_RUN = ("--profile", "cpu", "--instances", "2", "--samples", "1", "--max-turns", "2",
@@ -84,6 +84,7 @@ def test_ctrl_c_says_how_to_resume(tmp_path, tiny) -> None:
         [sys.executable, "-m", "optima_trainers.train", "--model", str(tiny), *TINY_RUN,
          "--instances", "4", "--samples", "256", "--run-dir", "run"],
         cwd=tmp_path, stderr=subprocess.PIPE, text=True, env={**env(), "PYTHONPATH": str(REPO_ROOT)},
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )  # fmt: skip
     episodes = tmp_path / "run" / "iter_00" / "episodes.jsonl"
     deadline = time.monotonic() + 300
