@@ -9,6 +9,7 @@ open QA (IE tasks)        :func:`normalize_answer`, :func:`f1` (SQuAD words, or 
                           tokens as in the Optima code), :func:`exact_match`
 GSM8K                     :func:`extract_gsm8k_gold`, :func:`gsm8k_equal`
 multiple choice           :func:`choice_match` (ARC-Challenge, MMLU)
+candidates                :func:`names_only` (names the gold and no rival: synth-v1)
 the reference code        :func:`parse_tagged_answer`, :func:`parse_boxed_answer`,
                           :func:`normalize_final_answer`, :func:`reference_exact_match` (the
                           parsers and exact match the ``code`` scorers use, reproduced)
@@ -23,6 +24,7 @@ is ever evaluated as code.
 
 from __future__ import annotations
 
+from optima_env.scoring.candidates import named_candidates, names_only
 from optima_env.scoring.choice import choice_match
 from optima_env.scoring.consistency import cluster_answers, majority_vote
 from optima_env.scoring.extract import extract_answer_phrase, extract_boxed, extract_tagged
@@ -51,6 +53,8 @@ __all__ = [
     "gsm8k_equal",
     "majority_vote",
     "math_equal",
+    "named_candidates",
+    "names_only",
     "normalize_answer",
     "normalize_final_answer",
     "normalize_math_answer",
