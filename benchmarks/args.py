@@ -47,6 +47,10 @@ class RunArgs:
     """Task id or unique name (repeatable or comma-separated; default: the suite's tasks)."""
     methods: tuple[str, ...] = ()
     """Methods: cot, sc, mad, autoform (repeatable or comma-separated; default: the suite's)."""
+    controls: bool = False
+    """Also play the controls of information-exchange tasks (the final-hop holder alone, and each
+    --checkpoint with its first agent's evidence from another instance) and print them beside the
+    task's computed shortcut ceiling (on in the main suite)."""
     checkpoint: tuple[str, ...] = ()
     """A trained model as NAME=PATH (repeatable): one row each, the multi-agent system, greedy."""
     model: str = "embedded"

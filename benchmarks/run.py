@@ -63,7 +63,8 @@ from benchmarks.args import (
     vllm_options,
 )
 from benchmarks.demo.tasks import MAIN_TASK
-from benchmarks.evaluation.methods import PlaySettings, build_methods
+from benchmarks.evaluation.controls import add_controls, controls_table
+from benchmarks.evaluation.methods import PlaySettings, build_methods, with_controls
 from benchmarks.evaluation.outputs import collect_results, write_outputs
 from benchmarks.evaluation.policies import check_backend_flags, token_counter_description
 from benchmarks.evaluation.store import EpisodeStore
@@ -304,6 +305,8 @@ def _evaluate(
     if not checkpoints and args.model == "embedded":  # the adapters' base model
         checkpoints = _suite_adapters(suite, [e.task for e in entries])
     methods = build_methods(args.methods or suite.methods, checkpoints, settings, scaling=suite.scaling)
+    if (args.controls or suite.controls) and not suite.scaling:
+        methods = with_controls(methods, settings)
 
     out.mkdir(parents=True, exist_ok=True)
     with folder_lock(out, what="--out"):
@@ -353,6 +356,7 @@ def _play_and_report(
     wall = round(time.time() - started, 1)
     results = collect_results(entries, methods, store)
     add_intervals(results["rows"], base_key="mad")
+    add_controls(results, entries)
     results.update(
         run_name=out.name,
         suite=suite.name,
@@ -378,6 +382,10 @@ def _play_and_report(
     if any(r.get("score_ratio") is not None for r in results["rows"]):
         print("\nScores and tokens with 95% bootstrap intervals, ratios to MAD (paired):\n")
         print(ratio_table(results["rows"]))
+    controls = controls_table(results)
+    if controls:
+        print("\nControls (what a system scores without passing the evidence on):\n")
+        print(controls)
     print(f"wrote {out}/ episodes.jsonl, results.json, report.md, viewer.html ({results['wall_time_s']} s)")
     return results
 

@@ -62,7 +62,7 @@ class Suite:
 
     name: str
     description: str
-    tasks: tuple[tuple[str, ...], ...] = (("ie/synth-v0",),)
+    tasks: tuple[tuple[str, ...], ...] = (("ie/synth-v1",),)
     """Tasks in table order, each a tuple of alternative names (see :data:`PAPER_TASKS`)."""
     methods: tuple[str, ...] = ("cot", "mad")
     instances: int | None = 4
@@ -82,6 +82,8 @@ class Suite:
     """Task factory keyword arguments per task id (e.g. the demo's synthetic setting)."""
     stop_at_speaker_tags: bool = False
     """Cut a turn where it starts writing an agent's ``"Name:"`` tag (as the demo evaluates)."""
+    controls: bool = False
+    """Play the controls (:mod:`benchmarks.evaluation.controls`) as ``--controls`` does."""
     adapters: tuple[tuple[str, str], ...] = ()
     """Trained systems played as extra rows when no ``--checkpoint`` is given: ``(label, folder)``
     pairs (absolute folders, under :data:`DEMO_ADAPTERS`); a missing folder is skipped with a
@@ -108,7 +110,8 @@ _DEMO_IE = next(t for t in DEMO_TASKS if t.task == "ie/hotpotqa-v0")
 SUITES: dict[str, Suite] = {
     "main": Suite(
         name="main",
-        description="the demo's synthetic task: untrained CoT and MAD vs the three committed adapters",
+        description="the demo's synthetic task: untrained CoT and MAD vs the three committed adapters, "
+        "with the controls",
         tasks=((MAIN_TASK.task,),),
         methods=("cot", "mad"),
         instances=30,
@@ -116,6 +119,7 @@ SUITES: dict[str, Suite] = {
         max_new_tokens=MAIN_TASK.max_new_tokens,
         task_kwargs={MAIN_TASK.task: dict(MAIN_TASK.task_kwargs)},
         stop_at_speaker_tags=True,
+        controls=True,
         concurrency=32,  # every instance in one batch: on this CPU bs32 decodes 2x bs8 (feasibility §2)
         adapters=tuple((trainer_label(t), str(DEMO_ADAPTERS / MAIN_TASK.name / t)) for t in TRAINERS),
     ),

@@ -12,7 +12,9 @@ from typing import Any
 
 from benchmarks.demo.clock import total_seconds
 from benchmarks.demo.control import CONTROL, add_control, diff_cell, learning_lines, missing_line
+from benchmarks.demo.shortcut import shortcut_lines
 from benchmarks.demo.tasks import DemoTask, eval_settings, trainer_label
+from benchmarks.evaluation.controls import CEILING_LABEL, add_controls
 from benchmarks.reports.intervals import add_intervals, cell
 from optima_env.io import write_json_atomic, write_text_atomic
 
@@ -23,6 +25,7 @@ def _row(row: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: row.get(k) for k in ("method", "score", "instances", "score_ci", "tokens_ci")}
     out |= {k: row.get(k) for k in ("score_ratio", "score_ratio_ci", "token_ratio", "token_ratio_ci")}
     out |= {k: row.get(k) for k in ("score_vs_m0", "score_vs_m0_ci", "tokens_vs_m0", "tokens_vs_m0_ci")}
+    out |= {k: row.get(k) for k in ("f1", "score_vs_system", "score_vs_system_ci")}
     return out | {"key": row["method_key"], "tokens": row["mean_tokens"], "control": bool(row.get("control"))}
 
 
@@ -77,6 +80,7 @@ def summarize(
     status: tuple[str, str] | None = None,
     baselines: Mapping[str, Any] | None = None,
     control: str | None = None,
+    ceiling: float | None = None,
 ) -> dict[str, Any]:
     """The summary of one task (``demo.json``'s entry): rows with intervals, curves, targets.
 
@@ -88,6 +92,8 @@ def summarize(
     training (its episodes are the table's; only its generation time is added here). ``control``
     is M_0's row label (:func:`benchmarks.demo.control.control_label`): every row of both tables
     gets its paired difference to M_0's, and ``control_missing`` says why a table has no M_0 row.
+    ``ceiling`` is the task's computed shortcut ceiling (:func:`benchmarks.evaluation.controls.task_ceiling`),
+    shown as the table's first row when the task plays its controls.
     """
     summary: dict[str, Any] = {
         "task": spec.task,
@@ -100,6 +106,7 @@ def summarize(
         "status": status[0] if status else main["tasks"][0]["status"] if main else "missing",
         "reason": status[1] if status else main["tasks"][0]["reason"] if main else "",
         "rows": [],
+        "ceiling": ceiling,
     }
     if main is None:
         return summary
@@ -136,6 +143,7 @@ def table_rows(results: Mapping[str, Any], control: str | None) -> tuple[list[di
     its row label), and why M_0 is missing (None when it is there)."""
     add_intervals(results["rows"], base_key="mad")
     missing = add_control(results["rows"], control)
+    add_controls(dict(results), ())  # each counterfactual row's paired difference to its system
     return [_row(r) for r in results["rows"]], missing
 
 
@@ -211,22 +219,28 @@ def _fmt(value: Any, digits: int = 3) -> str:
 def table1(summary: Mapping[str, Any], *, stages: bool = False) -> str:
     """The Table-1-style table of one task: baselines and trained systems (``stages``: every
     training stage, beside MAD and CoT on the same instances)."""
+    controls = summary.get("ceiling") is not None
     lines = [
-        "| System | Score (95% CI) | Tokens / episode (95% CI) | Score vs MAD | Tokens vs MAD "
-        f"| Score − {CONTROL} (95% CI) | Tokens − {CONTROL} (95% CI) |",
-        "|---|---|---|---|---|---|---|",
+        "| System | Score (95% CI) |" + (" F1 |" if controls else "") + " Tokens / episode (95% CI) "
+        f"| Score vs MAD | Tokens vs MAD | Score − {CONTROL} (95% CI) | Tokens − {CONTROL} (95% CI) |"
+        + (" Counterfactual − system (95% CI) |" if controls else ""),
+        "|---|---|---|---|---|---|---|" + ("---|---|" if controls else ""),
     ]
+    if controls and not stages:
+        lines.append(f"| {CEILING_LABEL} | {summary['ceiling']:.3f} |" + " – |" * 8)
     for row in summary.get("stage_rows", []) if stages else summary["rows"]:
         label = row.get("final_of") or row["method"]
         if row.get("control"):
             label = f"{CONTROL} ({label}, shared initialization)"
         lines.append(
             f"| {label} | {cell(row['score'], row['score_ci'])} | "
-            f"{cell(row['tokens'], row['tokens_ci'], 1)} | "
+            + (f"{cell(row.get('f1'))} | " if controls else "")
+            + f"{cell(row['tokens'], row['tokens_ci'], 1)} | "
             f"{cell(row.get('score_ratio'), row.get('score_ratio_ci'), 2, 'x')} | "
             f"{cell(row.get('token_ratio'), row.get('token_ratio_ci'), 2, 'x')} | "
             f"{diff_cell(row.get('score_vs_m0'), row.get('score_vs_m0_ci'), 3)} | "
             f"{diff_cell(row.get('tokens_vs_m0'), row.get('tokens_vs_m0_ci'), 1)} |"
+            + (f" {diff_cell(row.get('score_vs_system'), row.get('score_vs_system_ci'), 3)} |" * controls)
         )
     missing = missing_line(summary, stages=stages)
     return "\n".join(lines) + (f"\n\n{missing}" if missing else "")
@@ -293,6 +307,13 @@ def _target_line(summary: Mapping[str, Any]) -> str:
     )
 
 
+def _checks(summary: Mapping[str, Any]) -> list[str]:
+    """The task's target check: against the controls where it plays them, else the ratio target."""
+    if summary.get("ceiling") is not None:
+        return shortcut_lines(summary)
+    return [_target_line(summary), ""]
+
+
 def _pct(ratio: float | None) -> str:
     return "–" if ratio is None else f"{ratio:.1%}"
 
@@ -344,8 +365,7 @@ def render_report(demo: Mapping[str, Any]) -> str:
             "",
             table1(s),
             "",
-            _target_line(s),
-            "",
+            *_checks(s),
             *learning_lines(s),
         ]
         parts += [f"![{name}]({name})" for name in s.get("plots", [])] + [""]
@@ -399,7 +419,7 @@ def readme_block(demo: Mapping[str, Any]) -> str:
         if s["status"] != "ok":
             parts += [f"not evaluated: {s['status']}: {s['reason']}", ""]
             continue
-        parts += [table1(s), "", _target_line(s), ""]
+        parts += [table1(s), "", *_checks(s)]
         parts += [f"![{name}]({demo['folder']}/{name})" for name in s.get("plots", [])] + [""]
     parts += _pending_line(demo)
     return "\n".join(parts).rstrip() + "\n"

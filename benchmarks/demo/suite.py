@@ -62,7 +62,8 @@ from benchmarks.demo.train import (
     recorded_runs,
     train_run,
 )
-from benchmarks.evaluation.methods import Method, PlaySettings, build_methods
+from benchmarks.evaluation.controls import task_ceiling
+from benchmarks.evaluation.methods import Method, PlaySettings, build_methods, counterfactual
 from benchmarks.evaluation.outputs import collect_results, write_outputs, write_viewer, written_results
 from benchmarks.evaluation.store import EpisodeStore
 from benchmarks.evaluation.units import TaskEntry, open_task, pending_jobs, play_methods
@@ -289,6 +290,8 @@ def _evaluate(
     )  # fmt: skip
     adapters = _adapter_rows(spec, out, runs, exports)
     methods = build_methods(spec.baselines, adapters, settings)
+    if spec.controls:  # each trained system again with its first agent's evidence swapped
+        methods += [counterfactual(m) for m in methods if m.model is not None]
     control = _control_method(spec, root, runs, settings)
     if control is not None:  # M_0 beside the baselines, before the trained systems
         methods.insert(len(spec.baselines), control)
@@ -422,6 +425,7 @@ def _run(
         summary = summarize(
             spec, main, curves, runs, exports, stages=stages, labels=row_labels(runs), finals=finals,
             baselines=baselines, control=control_label(runs),
+            ceiling=task_ceiling(make_task(spec.task, **dict(spec.task_kwargs))) if spec.controls else None,
         )  # fmt: skip
         summary["plots"] = write_plots(summary, out)
         summaries.append(summary)

@@ -91,6 +91,10 @@ class DemoTask:
     """Target: with at most this fraction of MAD's tokens per episode."""
     target_above_cot: bool = False
     """Target: and a score above CoT's."""
+    controls: bool = False
+    """Play the controls (:mod:`benchmarks.evaluation.controls`): the one-hand row with the baselines,
+    each adapter's counterfactual, and the task's computed shortcut ceiling; the report then checks
+    the trained systems against them (:mod:`benchmarks.demo.shortcut`)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.stage_instances <= self.eval_instances:
@@ -176,6 +180,50 @@ about 100 pairs per stage, and DPO at SFT's learning rate and epochs, with a hel
 pairs evaluated each stage (see the departures)."""
 
 DEMO_TASKS: tuple[DemoTask, ...] = (
+    DemoTask(
+        name="synth-v1",
+        task="ie/synth-v1",
+        task_kwargs={"hops": 2, "style": "small"},
+        baselines=("cot", "sc", "mad", "autoform", "one-hand"),
+        controls=True,
+        train={
+            **_COMMON_TRAIN,
+            "generation.instances": 32,
+            "generation.num_samples": 4,
+            "generation.max_turns": 6,
+            "generation.max_new_tokens": 64,
+            "tree.instances": 16,
+            "tree.selections": 6,
+            "tree.rollouts": 3,
+            "tree.normalizer_instances": 16,
+        },
+        train_by_trainer={
+            "isft": {"iterations": 6},
+            "idpo": {"iterations": 3, **_SYNTH_PAIRS},
+            "isft-dpo": {"iterations": 3, **_SYNTH_PAIRS},
+        },
+        eval_instances=100,
+        adapter_rank=32,
+        target_score_ratio=3.0,
+        target_token_ratio=0.1,
+        target_above_cot=True,
+        departures=(
+            *_COMMON_DEPARTURES,
+            "Task: ie/synth-v1 at 2 hops: Alice holds the person's employer among 2 rivals' (and one "
+            "city fact about a company found nowhere else), Bob the cities of all 8 companies (and one "
+            "employer fact about people found nowhere else); without Alice's fact about the person, no "
+            "strategy beats 1/8 (tests/plugins/test_synth_leaks.py), so the shortcut ceiling is 0.125.",
+            "Metric: names-gold (the final answer names the gold city and no other city of the "
+            "instance), so an untrained system's right answer in a sentence counts in full; F1 is "
+            "shown beside it.",
+            "Preference pairs (iDPO, iSFT-DPO): the synth-v0 recipe (theta_dpo-filter -1, "
+            "theta_dpo-diff 0.05, pairs kept only when the chosen side earned more task credit by more "
+            "than 0.05, depth-cut rollouts keep their answer, pair_fraction 1, 112 trees per iteration, "
+            "DPO at SFT's learning rate and epochs with a tenth of the pairs held out).",
+            "Adapters: rank 32, a truncated SVD of each run's final weight change; the table prints "
+            "each adapter's own truncation error.",
+        ),
+    ),
     DemoTask(
         name="synth",
         task="ie/synth-v0",
@@ -276,4 +324,4 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
 """The demo's tasks and their settings (``--task`` picks some of them by name)."""
 
 MAIN_TASK: DemoTask = DEMO_TASKS[0]
-"""The task of the README's main command (``python -m benchmarks.run``)."""
+"""The task of the README's main command (``python -m benchmarks.run``): ``ie/synth-v1``."""

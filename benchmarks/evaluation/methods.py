@@ -33,42 +33,40 @@ views, or ``None`` to use ours. Abstaining samples (no answer) do not vote.
 from __future__ import annotations
 
 import dataclasses
-import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from benchmarks.evaluation.prompts import (
-    AUTOFORM_STYLE,
-    NATURAL_STYLE,
-    answer_format,
-    cot_prompt,
-    styled_prompt,
-)
+from benchmarks.evaluation.wrappers import OneHandTask, SingleAgentTask, StyledTask, SwappedEvidence
 from optima_env.backends.peft_adapter import content_hash
 from optima_env.errors import TaskContractError
-from optima_env.families.scoring import score_with_tokenizer, scorer_name
 from optima_env.policy import SamplingParams
 from optima_env.scoring import f1, majority_vote
-from optima_env.task import Task, evidence, require_evidence
-from optima_env.types import AgentView, Episode, TaskSample
+from optima_env.task import Task
+from optima_env.types import Episode
 
 __all__ = [
     "BASE_METHODS",
+    "CONTROL_METHODS",
     "Method",
+    "OneHandTask",
     "PlaySettings",
     "SingleAgentTask",
     "StyledTask",
+    "SwappedEvidence",
     "build_methods",
     "checkpoint_key",
+    "counterfactual",
     "scaling_curve",
     "vote",
+    "with_controls",
 ]
 
-BASE_METHODS = ("cot", "sc", "mad", "autoform")
+BASE_METHODS = ("cot", "sc", "mad", "autoform", "one-hand")
 """Method names accepted by ``--methods`` (checkpoints come from ``--checkpoint``)."""
+CONTROL_METHODS = ("one-hand",)
+"""The baselines that are controls (a shortcut's reach, not a system to beat)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,116 +84,6 @@ class PlaySettings:
     seed: int = 0
     stop_at_speaker_tags: bool = False
     """Cut a turn where it starts writing an agent's ``"Name:"`` tag (as the trainers' cpu profile)."""
-
-
-# -- task wrappers --------------------------------------------------------------------------------
-class _Wrapped(Task):
-    def __init__(self, inner: Task) -> None:
-        self.inner = inner
-        self._split = "test"
-        self._evidence_checked = False
-        self.family = inner.family  # type: ignore[misc]
-        self.bind(inner.id)
-
-    def samples(self, split: str) -> Sequence[TaskSample]:
-        self._split = split
-        return self.inner.samples(split)
-
-    def evidence(self, views: Mapping[str, AgentView]) -> tuple[str, ...]:
-        """The instance's evidence (:func:`optima_env.task.evidence`); the first time an
-        information-exchange instance has none, the task is checked to declare evidence at all
-        (:func:`~optima_env.task.require_evidence` on the split's first instances), so a task
-        that hides it fails instead of playing its baselines on the bare question."""
-        units = evidence(views)
-        if not units and not self._evidence_checked:
-            require_evidence(self.inner, self.inner.samples(self._split)[:3])
-            self._evidence_checked = True
-        return units
-
-    def extract_answer(self, text: str) -> str | None:
-        return self.inner.extract_answer(text)
-
-    def score(self, answer: str | None, sample: TaskSample) -> float:
-        return self.inner.score(answer, sample)
-
-    def score_with(self, answer: str | None, sample: TaskSample, *, tokenizer: Any = None) -> float:
-        """The inner task's score with the policy's tokenizer (its token F1, if it has one)."""
-        return score_with_tokenizer(self.inner, answer, sample, tokenizer)
-
-    def scorer_name(self, tokenizer: Any = None) -> str:
-        """The inner task's scorer."""
-        return scorer_name(self.inner, tokenizer)
-
-
-class SingleAgentTask(_Wrapped):
-    """The task played by one agent that sees everything (the CoT and SC baselines)."""
-
-    enforce_name_prefix = False
-
-    def __init__(self, inner: Task) -> None:
-        super().__init__(inner)
-        self.agents = (inner.agents[0],)
-        kind = answer_format(inner)
-        if kind is None:
-            raise TaskContractError(
-                f"task {inner.id!r}: its extractor reads neither <A>...</A> nor \\boxed{{...}}, so the "
-                "single-agent baselines cannot tell the model how to answer; run --methods mad"
-            )
-        self.kind = kind
-
-    def views(
-        self, sample: TaskSample, *, rng: random.Random, format_index: int | None = None
-    ) -> Mapping[str, AgentView]:
-        inner_views = self.inner.views(sample, rng=rng, format_index=None)
-        information = self.evidence(inner_views)
-        prompt = cot_prompt(sample, information, kind=self.kind)
-        agent = self.agents[0]
-        return {
-            agent: AgentView(
-                agent=agent, system_prompt=prompt, base_system_prompt=prompt, private=tuple(information)
-            )
-        }
-
-
-class StyledTask(_Wrapped):
-    """The task's agents, roles and evidence with MAD (``natural``) or AutoForm prompts."""
-
-    def __init__(self, inner: Task, style: str) -> None:
-        super().__init__(inner)
-        if style not in ("natural", "autoform"):
-            raise TaskContractError(f"style must be 'natural' or 'autoform', got {style!r}")
-        self.agents = tuple(inner.agents)
-        self.enforce_name_prefix = inner.enforce_name_prefix
-        self.style = style
-        self.kind = answer_format(inner)
-
-    def views(
-        self, sample: TaskSample, *, rng: random.Random, format_index: int | None = None
-    ) -> Mapping[str, AgentView]:
-        own = getattr(self.inner, "styled_views", None)
-        if callable(own):
-            views = own(sample, rng=rng, style=self.style)
-            if views is not None:
-                return views
-        views = self.inner.views(sample, rng=rng, format_index=None)
-        self.evidence(views)
-        if self.kind is None:  # unknown answer format: keep the task's own prompts
-            return views
-        text = NATURAL_STYLE if self.style == "natural" else AUTOFORM_STYLE
-        out = {}
-        for agent, view in views.items():
-            prompt = styled_prompt(
-                name=agent,
-                partners=[a for a in self.agents if a != agent],
-                role=view.role,
-                sample=sample,
-                private=view.private,
-                kind=self.kind,
-                style=text,
-                family=self.family,
-            )
-            out[agent] = dataclasses.replace(view, system_prompt=prompt, base_system_prompt=prompt)
-        return out
 
 
 # -- voting ---------------------------------------------------------------------------------------
@@ -245,12 +133,14 @@ class Method:
     Attributes:
         key: unique id in a run (part of every episode's unit key).
         label: the row label.
-        agents: ``single`` (CoT prompt, one agent) or ``multi`` (the task's agents).
+        agents: ``single`` (CoT prompt, one agent), ``one_hand`` (CoT prompt, the final-hop
+            holder's evidence only) or ``multi`` (the task's agents).
         style: ``natural`` (MAD), ``autoform``, or ``None`` for the task's own prompts.
         samples: conversations per instance.
         temperature: sampling temperature.
         aggregate: ``first`` (the one sample), ``vote`` (SC, strict F1 > 0.9) or ``scaling``.
         model: the model that plays (``None``: the run's ``--model``).
+        swapped: the counterfactual: the first agent's evidence is another instance's.
     """
 
     key: str
@@ -261,12 +151,17 @@ class Method:
     temperature: float
     aggregate: str = "first"
     model: str | None = None
+    swapped: bool = False
 
     @property
     def prompts(self) -> str:
         """What the agents are told, in words (for the report)."""
         if self.agents == "single":
             return "one agent, CoT prompt with every agent's evidence"
+        if self.agents == "one_hand":
+            return "one agent, CoT prompt with only the final-hop holder's evidence"
+        if self.swapped:
+            return "the task's agents and own prompts; the first agent holds another instance's evidence"
         if self.style == "natural":
             return "the task's agents, natural-language prompts"
         if self.style == "autoform":
@@ -277,10 +172,14 @@ class Method:
         """The task as this method plays it."""
         if self.agents == "single":
             return SingleAgentTask(task)
+        if self.agents == "one_hand":
+            return OneHandTask(task)
+        if self.swapped:
+            task = SwappedEvidence(task)
         return StyledTask(task, self.style) if self.style else task
 
     def max_turns(self, settings: PlaySettings) -> int:
-        return 1 if self.agents == "single" else settings.max_turns
+        return 1 if self.agents in ("single", "one_hand") else settings.max_turns
 
     def sampling(self, settings: PlaySettings) -> SamplingParams:
         return SamplingParams(
@@ -322,6 +221,11 @@ def _base(name: str, s: PlaySettings) -> Method:
         return Method(
             key="mad", label="MAD", agents="multi", style="natural", samples=1, temperature=s.temperature
         )
+    if name == "one-hand":
+        return Method(
+            key="one_hand", label="One hand (final-hop holder alone)", agents="one_hand", style=None,
+            samples=1, temperature=s.temperature,
+        )  # fmt: skip
     if name == "autoform":
         return Method(
             key="autoform",
@@ -332,6 +236,27 @@ def _base(name: str, s: PlaySettings) -> Method:
             temperature=s.temperature,
         )
     raise TaskContractError(f"unknown method {name!r}; expected one of {', '.join(BASE_METHODS)}")
+
+
+def counterfactual(method: Method) -> Method:
+    """``method`` with its first agent's evidence from another instance (a multi-agent method)."""
+    if method.agents != "multi" or method.swapped:
+        raise TaskContractError(
+            f"the counterfactual swaps the first agent's evidence of a multi-agent system; {method.label!r} "
+            f"is {'one already' if method.swapped else 'a single agent'}"
+        )
+    return dataclasses.replace(
+        method, key=f"cf:{method.key}", label=f"{method.label} (counterfactual)", swapped=True
+    )
+
+
+def with_controls(methods: Sequence[Method], settings: PlaySettings) -> list[Method]:
+    """``methods`` with the controls (:mod:`benchmarks.evaluation.controls`): the one-hand row after
+    the baselines, and each checkpoint's counterfactual after the checkpoints."""
+    baselines = [m for m in methods if m.model is None]
+    systems = [m for m in methods if m.model is not None]
+    one_hand = [] if any(m.key == "one_hand" for m in baselines) else [_base("one-hand", settings)]
+    return [*baselines, *one_hand, *systems, *(counterfactual(m) for m in systems)]
 
 
 def checkpoint_key(name: str, path: str) -> str:

@@ -20,6 +20,7 @@ from benchmarks.reports.plots import plot_scaling, plot_score_vs_tokens
 from benchmarks.reports.report import long_table, render_report
 from benchmarks.reports.viewer import render_viewer
 from optima_env.io import read_json_object, write_json_atomic, write_text_atomic
+from optima_env.scoring import f1
 from optima_env.task import metric_name
 
 __all__ = ["collect_results", "write_outputs", "write_viewer", "written_results"]
@@ -38,6 +39,14 @@ def _mean_curve(curves: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, An
         }
         for points in zip(*curves)
     ]
+
+
+def _f1(groups: Sequence[Sequence[Any]]) -> float | None:
+    """The mean SQuAD F1 of the episodes' final answers (an information-exchange row's second
+    metric, beside a task metric that is not F1), each instance's episodes averaged first."""
+    if not groups or not all(groups):
+        return None
+    return statistics.fmean(statistics.fmean(f1(e.final_answer, e.gold) for e in g) for g in groups)
 
 
 def _scorers(groups: Sequence[Sequence[Any]]) -> str:
@@ -77,6 +86,8 @@ def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: Ep
             if entry.obj is not None:
                 groups = store.select(method.key, entry.task, range(entry.instances), method.samples)
                 reduced = [method.reduce(entry.obj, g) for g in groups]
+                if entry.family == "information_exchange":
+                    row["f1"] = _f1(groups)
                 row.update(
                     scorer=_scorers(groups),
                     score=statistics.fmean(r["score"] for r in reduced),

@@ -34,8 +34,8 @@ def _status(row: Mapping[str, Any]) -> str:
 
 
 def long_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """One line per (task, method): score (0-1), the scorer that produced it, mean #tokens per
-    instance, episodes."""
+    """One line per (task, method): score (0-1), the scorer that produced it (and the row's F1 beside
+    a task metric that is not F1), mean #tokens per instance, episodes."""
     lines = [
         "| task | method | score | scorer | mean #tokens | episodes |",
         "|---|---|---|---|---|---|",
@@ -43,6 +43,8 @@ def long_table(rows: Sequence[Mapping[str, Any]]) -> str:
     for r in rows:
         if r["status"] == "ok":
             scorer = _cell(r.get("scorer") or "–")
+            if r.get("f1") is not None and not scorer.startswith("f1"):
+                scorer += f" (F1 {r['f1']:.3f})"
             lines.append(
                 f"| {r['task']} | {_cell(r['method'])} | {r['score']:.3f} | {scorer} | "
                 f"{r['mean_tokens']:.1f} | {r['episodes']} |"

@@ -1,0 +1,63 @@
+"""The demo's probe: one iteration of iSFT on a few dozen instances of the main task, then every
+stage beside the controls on held-out instances, before hours go into the full runs.
+
+    python -m benchmarks.demo.probe --out benchmarks/results/probe
+
+It trains ``isft`` (the initialization M_0 and one iteration, with the main task's recipe and
+``--instances`` training instances) into ``<out>/train/isft`` and plays, on the first ``--eval``
+held-out instances, greedy and with the demo's caps: MAD, CoT, the final-hop holder alone, and
+each stage with and without the counterfactual (its first agent's evidence from another
+instance). The report (``<out>/report.md``) is the demo's table with its controls. A rerun with
+the same ``--out`` resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from benchmarks.demo.tasks import MAIN_TASK, DemoTask
+
+__all__ = ["main", "probe_task"]
+
+
+def probe_task(instances: int, eval_instances: int) -> DemoTask:
+    """The main task's recipe, cut to the probe: iSFT, the initialization and one iteration on
+    ``instances`` training instances, evaluated on ``eval_instances``."""
+    return dataclasses.replace(
+        MAIN_TASK,
+        name=f"{MAIN_TASK.name}-probe",
+        trainers=("isft",),
+        train={**MAIN_TASK.train, "generation.instances": instances},
+        train_by_trainer={"isft": {"iterations": 2}},
+        eval_instances=eval_instances,
+        stage_instances=eval_instances,
+        scaling_instances=0,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.demo.probe", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--out", type=Path, required=True, help="the probe's folder (resumed when it exists)")
+    parser.add_argument("--instances", type=int, default=32, help="training instances of each stage")
+    parser.add_argument("--eval", type=int, default=30, help="held-out instances of the evaluation")
+    parser.add_argument("--train-only", action="store_true", help="train, do not evaluate")
+    args = parser.parse_args(argv)
+    spec = probe_task(args.instances, args.eval)
+    from benchmarks.demo.train import train_run
+
+    run = train_run(spec, args.out, "isft", progress=False)
+    print("stages:", ", ".join(f"{name} -> {path}" for name, path in run.stages), flush=True)
+    if args.train_only:
+        return 0
+    from benchmarks.demo.probe_eval import evaluate_probe
+
+    print(evaluate_probe(spec, args.out, run))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
