@@ -16,10 +16,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import Any
 
-from benchmarks.demo.tasks import MAIN_TASK, DemoTask
+from benchmarks.demo.tasks import MAIN_TASK, DemoTask, eval_settings, stage_label
+from benchmarks.evaluation.methods import build_methods, with_controls
+from optima_trainers.host.provenance import git_commit
 
-__all__ = ["main", "probe_task"]
+__all__ = ["evaluate_probe", "main", "probe_task"]
 
 
 def probe_task(instances: int, eval_instances: int) -> DemoTask:
@@ -53,10 +56,26 @@ def main(argv: list[str] | None = None) -> int:
     print("stages:", ", ".join(f"{name} -> {path}" for name, path in run.stages), flush=True)
     if args.train_only:
         return 0
-    from benchmarks.demo.probe_eval import evaluate_probe
-
     print(evaluate_probe(spec, args.out, run))
     return 0
+
+
+def evaluate_probe(spec: DemoTask, out: Path, run: Any) -> str:
+    """Play the probe's systems and controls on the held-out instances into ``<out>/eval``
+    (resumable) and return the table and the controls."""
+    from benchmarks.demo.suite import play_folder
+    from benchmarks.evaluation.controls import controls_table
+    from benchmarks.reports.intervals import add_intervals, ratio_table
+
+    settings = eval_settings(spec)
+    stages = {stage_label(run.trainer, stage): path for stage, path in run.stages}
+    methods = with_controls(build_methods(("cot", "mad"), stages, settings), settings)
+    provenance = {"git_commit": git_commit(Path(__file__).resolve().parents[2]) or "unknown",
+                  "command": ["python", "-m", "benchmarks.demo.probe", "--out", str(out)]}  # fmt: skip
+    results = play_folder(spec, out / "eval", methods, settings, spec.eval_instances, concurrency=32,
+                          provenance=provenance)  # fmt: skip
+    add_intervals(results["rows"], base_key="mad")
+    return ratio_table(results["rows"]) + "\n\n" + controls_table(results)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,8 @@ def summarize(
         "reason": status[1] if status else main["tasks"][0]["reason"] if main else "",
         "rows": [],
         "ceiling": ceiling,
+        "retired": spec.retired,
+        "caption": spec.caption,
     }
     if main is None:
         return summary
@@ -308,10 +310,17 @@ def _target_line(summary: Mapping[str, Any]) -> str:
 
 
 def _checks(summary: Mapping[str, Any]) -> list[str]:
-    """The task's target check: against the controls where it plays them, else the ratio target."""
-    if summary.get("ceiling") is not None:
-        return shortcut_lines(summary)
-    return [_target_line(summary), ""]
+    """The task's target check: against the controls where it plays them, else the ratio target,
+    then whether any trained row differs from MAD, and the task's caption."""
+    lines = shortcut_lines(summary) if summary.get("ceiling") is not None else [_target_line(summary), ""]
+    finals = [r for r in summary.get("rows", []) if r.get("final_of") and r.get("score_ratio_ci")]
+    if finals and all(r["score_ratio_ci"][0] <= 1.0 <= r["score_ratio_ci"][1] for r in finals):
+        shown = ", ".join(
+            f"{r['final_of']} {cell(r['score_ratio'], r['score_ratio_ci'], 2, 'x')}" for r in finals
+        )
+        lines += [f"No trained row differs from MAD: every one's score-ratio interval includes 1 ({shown}).",
+                  ""]  # fmt: skip
+    return lines + ([summary["caption"], ""] if summary.get("caption") else [])
 
 
 def _pct(ratio: float | None) -> str:
@@ -353,8 +362,12 @@ def render_report(demo: Mapping[str, Any]) -> str:
         "instances (2000 resamples); ratios are paired over the same instances.",
         "",
     ]
-    for s in demo["tasks"]:
-        parts += [f"## {s['task']}", ""]
+    current = [s for s in demo["tasks"] if not s.get("retired")]
+    retired = [s for s in demo["tasks"] if s.get("retired")]
+    for s in [*current, *retired]:
+        if s is (retired or [None])[0]:
+            parts += ["# History: retired tables", ""]
+        parts += [f"## {s['task']}", ""] + ([s["retired"], ""] if s.get("retired") else [])
         if s["status"] != "ok":
             parts += [f"Not evaluated: {s['status']}: {s['reason']}", ""]
             continue
@@ -415,6 +428,9 @@ def readme_block(demo: Mapping[str, Any]) -> str:
     ]
     for s in demo["tasks"]:
         n = s["rows"][0]["instances"] if s["rows"] else 0
+        if s.get("retired"):
+            parts += [f"**{s['task']}** (its table is in the report's history): {s['retired']}", ""]
+            continue
         parts += [f"**{s['task']}** (split {s['eval_split']}, greedy, {n} held-out instances):", ""]
         if s["status"] != "ok":
             parts += [f"not evaluated: {s['status']}: {s['reason']}", ""]

@@ -55,8 +55,10 @@ def _task(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
         row["final_of"] = finals.get(row["method"])
     stage_rows, stages_missing = table_rows(read_json_object(root / "stages" / "results.json"), control)
     missing_by_table = {k: v for k, v in (("table", missing), ("stages", stages_missing)) if v}
+    spec = next((s for s in DEMO_TASKS if s.name == summary.get("name")), None)
+    words = {"retired": spec.retired, "caption": spec.caption} if spec is not None else {}
     return {**summary, "rows": rows, "stage_rows": stage_rows, "control": control,
-            "control_missing": missing_by_table}  # fmt: skip
+            "control_missing": missing_by_table, **words}  # fmt: skip
 
 
 def rerender(out: Path, *, readme: Path | None = None) -> dict[str, Any]:

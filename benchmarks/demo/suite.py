@@ -62,7 +62,7 @@ from benchmarks.demo.train import (
     recorded_runs,
     train_run,
 )
-from benchmarks.evaluation.controls import task_ceiling
+from benchmarks.evaluation.controls import add_controls, task_ceiling
 from benchmarks.evaluation.methods import Method, PlaySettings, build_methods, counterfactual
 from benchmarks.evaluation.outputs import collect_results, write_outputs, write_viewer, written_results
 from benchmarks.evaluation.store import EpisodeStore
@@ -73,7 +73,7 @@ from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS, verify_manifest
 from optima_env.errors import DataError, MissingDependencyError, TaskContractError
 from optima_env.io import read_json_object, write_json_atomic
 
-__all__ = ["TrainedRun", "adapter_dir", "adapter_label", "row_labels", "run_demo"]
+__all__ = ["TrainedRun", "adapter_dir", "adapter_label", "play_folder", "row_labels", "run_demo"]
 
 logger = logging.getLogger("benchmarks.demo.suite")
 
@@ -200,7 +200,7 @@ def _timing(folder: Path) -> tuple[Path, float]:
     return timing, float(read_json_object(timing)["generate_s"]) if timing.is_file() else 0.0
 
 
-def _play(
+def play_folder(
     spec: DemoTask,
     folder: Path,
     methods: Sequence[Any],
@@ -225,6 +225,7 @@ def _play(
         spent += time.perf_counter() - started
         write_json_atomic(timing, {"generate_s": round(spent, 1)})
     results = collect_results([entry], methods, store)
+    add_controls(results, [entry])
     kept = written_results(folder, results) if len(store) == resumed else None
     if kept is not None:  # a rerun with nothing to play keeps the outputs of the run that played
         write_viewer(folder, kept, store, viewer_limit=10)  # the page is not committed: written again
@@ -262,7 +263,7 @@ def _baselines(
     settings = eval_settings(spec)
     methods = build_methods(spec.baselines, {}, settings)
     logger.info("demo %s: the untrained baselines on %d held-out instances", spec.name, spec.eval_instances)
-    return _play(
+    return play_folder(
         spec, root / "baselines", methods, settings, spec.eval_instances, concurrency=concurrency,
         provenance=provenance, episodes=_table_store(root),
     )  # fmt: skip
@@ -279,7 +280,7 @@ def _evaluate(
     exports: Mapping[str, Mapping[str, Any]],
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
     settings = eval_settings(spec)
-    play = functools.partial(_play, spec, concurrency=concurrency, provenance=provenance)
+    play = functools.partial(play_folder, spec, concurrency=concurrency, provenance=provenance)
     # every stage first, on the first instances of the table's store (MAD's and CoT's are played
     # already): the stages need the training folders, which a new checkout lacks, and the table
     # only the committed adapters, so a stop after this point never trains again

@@ -91,6 +91,11 @@ class DemoTask:
     """Target: with at most this fraction of MAD's tokens per episode."""
     target_above_cot: bool = False
     """Target: and a score above CoT's."""
+    caption: str = ""
+    """What the table shows, in words, printed under it (e.g. why a task shows no effect)."""
+    retired: str = ""
+    """Why this task's table no longer stands as a result (one paragraph): the report keeps it under
+    its history with this paragraph, and the README block shows only the paragraph."""
     controls: bool = False
     """Play the controls (:mod:`benchmarks.evaluation.controls`): the one-hand row with the baselines,
     each adapter's counterfactual, and the task's computed shortcut ceiling; the report then checks
@@ -179,6 +184,19 @@ cut at the depth limit keep their current answer, every pair that passes is kept
 about 100 pairs per stage, and DPO at SFT's learning rate and epochs, with a held-out tenth of the
 pairs evaluated each stage (see the departures)."""
 
+_SYNTH_V0_RETIRED = (
+    "Retired: this table does not show that training taught the agents to exchange their evidence. "
+    "At this setting every distractor of ie/synth-v0 is a city fact, so the answer is always one of "
+    "Bob's two cities and never Alice's: Bob naming one of his two cities at random scores 0.61, and "
+    "Alice saying her own city while Bob names his other one scores 0.765, with the chain fact never "
+    "said (computed from the generator on these 100 instances; tests/plugins/test_synth_leaks.py). "
+    "The trained iSFT-DPO learned that shortcut: Alice names her employer in 0 of its 100 "
+    "conversations and says her own city in her first turn in 99 (counted from eval/episodes.jsonl). "
+    "The untrained rows score low mostly on the answer's form (CoT sees all four facts and scores "
+    "0.071), so '22x MAD' is mostly a format ratio. ie/synth-v1 replaces it, with controls."
+)
+"""What synth-v0's demo table learned."""
+
 DEMO_TASKS: tuple[DemoTask, ...] = (
     DemoTask(
         name="synth-v1",
@@ -227,6 +245,7 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
     DemoTask(
         name="synth",
         task="ie/synth-v0",
+        retired=_SYNTH_V0_RETIRED,
         task_kwargs={"hops": 2, "num_distractors": 1, "style": "small"},
         train={
             **_COMMON_TRAIN,
@@ -297,6 +316,9 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
         eval_instances=100,
         eval_label="the dev set",
         scaling_instances=0,
+        caption="HotpotQA is here to show the pipeline on real data, not an effect: at 135M the model "
+        "cannot read multi-hop evidence (CoT, with all of it, scores about 0.04 F1), and the trained "
+        "systems do not differ from MAD (the line above). It is not retrained on synth-v1's recipe.",
         departures=(
             *_COMMON_DEPARTURES,
             "Data: trained on the first rows of the 200-row train file (the cursor never reaches "
