@@ -63,7 +63,7 @@ from benchmarks.args import (
     vllm_options,
 )
 from benchmarks.demo.tasks import MAIN_TASK
-from benchmarks.evaluation.controls import add_controls, controls_table
+from benchmarks.evaluation.controls import add_controls, controls_table, has_controls
 from benchmarks.evaluation.methods import PlaySettings, build_methods, with_controls
 from benchmarks.evaluation.outputs import collect_results, write_outputs
 from benchmarks.evaluation.policies import check_backend_flags, token_counter_description
@@ -305,8 +305,9 @@ def _evaluate(
     if not checkpoints and args.model == "embedded":  # the adapters' base model
         checkpoints = _suite_adapters(suite, [e.task for e in entries])
     methods = build_methods(args.methods or suite.methods, checkpoints, settings, scaling=suite.scaling)
-    if (args.controls or suite.controls) and not suite.scaling:
-        methods = with_controls(methods, settings)
+    tasks = [e.obj for e in entries if e.obj is not None]
+    if not suite.scaling and (args.controls or (suite.controls and all(has_controls(t) for t in tasks))):
+        methods = with_controls(methods, settings)  # the suite's only where every task has them
 
     out.mkdir(parents=True, exist_ok=True)
     with folder_lock(out, what="--out"):

@@ -24,9 +24,15 @@ from typing import Any
 
 from benchmarks.reports.stats import bootstrap_difference
 
-__all__ = ["CEILING_LABEL", "add_controls", "controls_table", "task_ceiling"]
+__all__ = ["CEILING_LABEL", "add_controls", "controls_table", "has_controls", "task_ceiling"]
 
 CEILING_LABEL = "Shortcut ceiling (computed: no bridging evidence passed on)"
+
+
+def has_controls(task: Any) -> bool:
+    """Whether the task can play every control: it deals private evidence and can swap it
+    (``swap_evidence(sample, donor, agent)``)."""
+    return callable(getattr(task, "swap_evidence", None))
 
 
 def task_ceiling(task: Any) -> float | None:

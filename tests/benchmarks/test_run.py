@@ -30,14 +30,15 @@ def test_run_writes_episodes_table_results_report_plot_and_viewer(tmp_path) -> N
     out = tmp_path / "run"
     proc = _run("--model", "scripted", "--episodes", "3", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    # the smoke suite: CoT and MAD on the embedded task, a table row each
+    # the main suite: CoT, MAD and the one-hand control on the embedded task, a table row each
     assert "| task | method | score | scorer | mean #tokens | episodes |" in proc.stdout
-    assert "| ie/synth-v0 | CoT |" in proc.stdout and "| ie/synth-v0 | MAD |" in proc.stdout
+    assert "| ie/synth-v1 | CoT |" in proc.stdout and "| ie/synth-v1 | MAD |" in proc.stdout
+    assert "Shortcut ceiling (computed: no bridging evidence passed on) | 0.125" in proc.stdout
 
     episodes = read_episodes(out / "episodes.jsonl")
-    assert len(episodes) == 6 and all(e.reward is not None for e in episodes)
-    assert {e.metadata["method"] for e in episodes} == {"cot", "mad"}
-    assert {len(e.agents) for e in episodes if e.metadata["method"] == "cot"} == {1}
+    assert len(episodes) == 9 and all(e.reward is not None for e in episodes)
+    assert {e.metadata["method"] for e in episodes} == {"cot", "mad", "one_hand"}
+    assert {len(e.agents) for e in episodes if e.metadata["method"] in ("cot", "one_hand")} == {1}
     assert {len(e.agents) for e in episodes if e.metadata["method"] == "mad"} == {2}
 
     results = json.loads((out / "results.json").read_text())
@@ -53,7 +54,7 @@ def test_run_writes_episodes_table_results_report_plot_and_viewer(tmp_path) -> N
     assert any(row["score"] > 0 for row in results["rows"])  # the scripted policy reads its facts
 
     report = (out / "report.md").read_text()
-    assert "| Method | ie/synth-v0 F1 | #Tok |" in report
+    assert "| Method | ie/synth-v1 names-gold | #Tok |" in report
     assert "| task | method | score |" in report and "git commit" in report and "wall time" in report
     assert_png(out / "score_vs_tokens.png")
     viewer = (out / "viewer.html").read_text()

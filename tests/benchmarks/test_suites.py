@@ -19,14 +19,14 @@ def test_main_is_the_default_suite_and_plays_the_demo_setting_and_adapters() -> 
     args = parse_args([])
     assert args.suite == "main" and args.model == "embedded"
     main = get_suite("main")
-    assert main.tasks == ((MAIN_TASK.task,),) and main.methods == ("cot", "mad")
+    assert main.tasks == ((MAIN_TASK.task,),) and main.methods == ("cot", "mad") and main.controls
     assert main.task_kwargs == {MAIN_TASK.task: dict(MAIN_TASK.task_kwargs)}
     assert (main.max_turns, main.max_new_tokens) == (MAIN_TASK.max_turns, MAIN_TASK.max_new_tokens)
     assert [label for label, _ in main.adapters] == ["iSFT", "iDPO", "iSFT-DPO"]
     assert all(folder.endswith(f"adapters/{MAIN_TASK.name}/{t}") for (_, folder), t in
                zip(main.adapters, ("isft", "idpo", "isft-dpo")))  # fmt: skip
     smoke = get_suite("smoke")
-    assert smoke.tasks == (("ie/synth-v0",),) and smoke.methods == ("cot", "mad") and smoke.instances
+    assert smoke.tasks == (("ie/synth-v1",),) and smoke.methods == ("cot", "mad") and smoke.instances
 
 
 def test_concurrency_is_the_suites_unless_the_flag_says_otherwise() -> None:
@@ -88,7 +88,7 @@ def test_paper_suite_shape(bench) -> None:
 
 def test_scaling_suite_shape(bench) -> None:
     results, out = bench("--suite", "scaling", "--model", "scripted", "--episodes", "3", "--scaling-k", "4")
-    curves = results["curves"]["ie/synth-v0"]
+    curves = results["curves"]["ie/synth-v1"]
     assert set(curves) == {r["method"] for r in results["rows"]} and len(curves) == 2
     for curve in curves.values():
         assert [p["k"] for p in curve] == [1, 2, 3, 4]
