@@ -9,7 +9,14 @@ from functools import lru_cache
 from typing import Any
 
 from optima_env import AgentView, Paragraph, Task, TaskContractError, TaskSample
-from optima_env.prompts import INFORMATION_EXCHANGE_PROMPT, STYLES, join_names, render
+from optima_env.prompts import (
+    FORMAT_EXAMPLES,
+    INFORMATION_EXCHANGE_PROMPT,
+    STYLES,
+    join_names,
+    render,
+    with_format_block,
+)
 from optima_env.scoring import extract_answer_phrase, extract_tagged
 from optima_env.task import agent_names
 from optima_task_synth.world import Fact
@@ -45,6 +52,8 @@ class ChainTask(Task):
 
     family = "information_exchange"
     _seed_prefix = "optima-synth"
+    num_formats = 0
+    """The format-diverse prompt pool of the initialization (spec §4): v1 has the IE pool's."""
 
     def init_common(
         self, *, num_agents: int, seed: int, train_size: int, test_size: int, style: str, tag_answers: str
@@ -93,8 +102,12 @@ class ChainTask(Task):
     def views(
         self, sample: TaskSample, *, rng: random.Random, format_index: int | None = None
     ) -> Mapping[str, AgentView]:
-        if format_index is not None:
-            raise TaskContractError(f"{self.id} has no format pool; got format_index={format_index!r}")
+        if format_index is not None and not 0 <= format_index < self.num_formats:
+            if self.num_formats == 0:
+                raise TaskContractError(f"{self.id} has no format pool; got format_index={format_index!r}")
+            raise TaskContractError(
+                f"format_index must be in [0, {self.num_formats}) for {self.id}, got {format_index!r}"
+            )
         views = {}
         for paragraph in sample.context:
             agent = paragraph.title
@@ -106,8 +119,11 @@ class ChainTask(Task):
                 question=sample.question,
                 information="\n".join(paragraph.sentences),
             )
+            shown = prompt
+            if format_index is not None:
+                shown = with_format_block(prompt, FORMAT_EXAMPLES[format_index])
             views[agent] = AgentView(
-                agent=agent, system_prompt=prompt, base_system_prompt=prompt, private=paragraph.sentences
+                agent=agent, system_prompt=shown, base_system_prompt=prompt, private=paragraph.sentences
             )
         return views
 

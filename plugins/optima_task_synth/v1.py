@@ -33,6 +33,9 @@ complete, so the check's premise (every fact but the bridging ones on the table)
 bridging fact as the table's one gap: the last holder could find the answer if told every other
 fact of the middle table, which no agent can choose without the bridging fact's content.
 
+The initialization samples with the information-exchange tasks' format-diverse prompt pool (spec
+§4), as HotpotQA does; v0 has none.
+
 Knobs: ``hops`` (2-4), ``num_candidates`` (K, at least 2), ``num_rivals`` (0 to K), and
 ``num_distractors`` (at least 0). ``style`` reads answers as in v0: ``"paper"`` the ``<A>`` tag only;
 ``"small"`` the tag, else ``Answer: x`` / ``the answer is x``, else the whole turn, which the metric
@@ -45,6 +48,7 @@ import random
 from typing import Any
 
 from optima_env import TaskContractError, TaskSample
+from optima_env.prompts import FORMAT_EXAMPLES
 from optima_env.scoring import names_only
 from optima_task_synth.common import ChainTask
 from optima_task_synth.world import KINDS, RELATIONS, Fact, NameSource, question
@@ -112,6 +116,7 @@ class CommunicationChainTask(ChainTask):
     """``ie/synth-v1`` (see the module docstring)."""
 
     metric = METRIC
+    num_formats = len(FORMAT_EXAMPLES)
 
     # size: the generator's knobs, sizes, seed and answer reading, keyword arguments with defaults
     def __init__(

@@ -109,3 +109,15 @@ def test_bad_knobs_raise_clear_errors() -> None:
         CommunicationChainTask(num_rivals=9)
     with pytest.raises(TaskContractError, match="num_distractors"):
         CommunicationChainTask(num_distractors=-1)
+
+
+def test_the_initialization_prompts_add_a_format_example_and_keep_the_base_prompt() -> None:
+    task = make_task("ie/synth-v1", style="small")
+    sample = task.sample("test", 0)
+    plain = task.views(sample, rng=random.Random(0))
+    styled = task.views(sample, rng=random.Random(0), format_index=1)
+    for agent in task.agents:
+        assert styled[agent].base_system_prompt == plain[agent].system_prompt
+        assert "For example, you can write a table" in styled[agent].system_prompt
+    with pytest.raises(TaskContractError, match="format_index must be in"):
+        task.views(sample, rng=random.Random(0), format_index=task.num_formats)
