@@ -24,11 +24,12 @@ def test_a_communicating_system_falls_under_the_counterfactual_and_the_table_say
     """The scripted reader follows the facts it hears: it answers only when Alice's fact reaches
     Bob, so with Alice's evidence from another instance it drops to the ceiling or below."""
     out = tmp_path / "run"
-    proc = _run("--task", "ie/synth-v1", "--model", "scripted", "--controls", "--checkpoint", "reader=scripted",
-                "--episodes", "24", "--out", str(out), "--no-progress")  # fmt: skip
+    proc = _run("--task", "ie/synth-v1", "--model", "scripted", "--controls", "--checkpoint",
+                "reader=scripted", "--episodes", "24", "--out", str(out), "--no-progress")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "Controls (what a system scores without passing the evidence on):" in proc.stdout
-    assert "| ie/synth-v1 | Shortcut ceiling (computed: no bridging evidence passed on) | 0.125 | – |" in proc.stdout
+    ceiling = "| ie/synth-v1 | Shortcut ceiling (computed: no bridging evidence passed on) | 0.125 | – |"
+    assert ceiling in proc.stdout
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     rows = {r["method_key"]: r for r in results["rows"]}
     assert set(rows) == {"cot", "mad", "one_hand", "ckpt:reader", "cf:ckpt:reader"}

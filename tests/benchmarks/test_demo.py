@@ -42,7 +42,8 @@ def test_demo_tasks_train_on_train_rows_and_name_their_departures() -> None:
     for spec in DEMO_TASKS:
         assert spec.eval_split != "train" and spec.eval_instances >= 100
         assert spec.trainers == TRAINERS and spec.max_turns == 10
-        assert set(spec.baselines) == {"cot", "sc", "mad", "autoform"} and spec.sc_n == 8
+        assert {"cot", "sc", "mad", "autoform"} <= set(spec.baselines) and spec.sc_n == 8
+        assert spec.controls == ("one-hand" in spec.baselines)  # a task with controls plays them all
         for trainer in spec.trainers:
             overrides = spec.config_overrides(trainer)
             assert overrides.get("split", "train") == "train" and overrides["iterations"] >= 2
@@ -150,8 +151,10 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
     model = make_tiny_model(tmp_path / "tiny")
     spec = DemoTask(
         name="synth",
-        task="ie/synth-v0",
-        task_kwargs={"hops": 2, "num_distractors": 1, "style": "small"},
+        task="ie/synth-v1",
+        task_kwargs={"hops": 2, "style": "small"},
+        baselines=("cot", "sc", "mad", "autoform", "one-hand"),
+        controls=True,
         model=str(model),
         train={
             "generation.instances": 2,
@@ -191,12 +194,17 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
     (summary,) = demo["tasks"]
     assert demo["train_s"] > 0 and demo["eval_s"] > 0
     methods = [r["method"] for r in summary["rows"]]
-    assert methods[:5] == ["CoT", "SC (n=2)", "MAD", "AutoForm", "iSFT iter 00"]
-    # the table: the baselines, M_0 (the shared initialization), then the three exported adapters,
-    # on every held-out instance, each with its paired difference to M_0
-    assert [m.split(" (")[0] for m in methods[5:]] == ["iSFT adapter", "iDPO adapter", "iSFT-DPO adapter"]
+    one_hand = "One hand (final-hop holder alone)"
+    assert methods[:6] == ["CoT", "SC (n=2)", "MAD", "AutoForm", one_hand, "iSFT iter 00"]
+    # the table: the baselines and the one-hand control, M_0 (the shared initialization), the three
+    # exported adapters, then each adapter's counterfactual, on every held-out instance, each with
+    # its paired difference to M_0, the counterfactuals also to their system; the computed ceiling
+    assert [m.split(" (")[0] for m in methods[6:9]] == ["iSFT adapter", "iDPO adapter", "iSFT-DPO adapter"]
+    assert methods[9:] == [f"{m} (counterfactual)" for m in methods[6:9]]
+    assert all(r["score_vs_system_ci"] for r in summary["rows"][9:])
+    assert summary["ceiling"] == 0.125 and "Check against the controls" in readme.read_text(encoding="utf-8")
     assert all(r["instances"] == 2 and r["score"] is not None and r["score_ci"] for r in summary["rows"])
-    assert [r["control"] for r in summary["rows"]] == [False] * 4 + [True] + [False] * 3
+    assert [r["control"] for r in summary["rows"]] == [False] * 5 + [True] + [False] * 6
     assert all(r["score_vs_m0_ci"] for r in summary["rows"] if not r["control"])
     assert summary["control"] == "iSFT iter 00" and summary["control_missing"] == {}
     # the curves: iSFT's two stages, then iDPO's and iSFT-DPO's own (their shared M_0 once), on the
@@ -235,8 +243,8 @@ def test_demo_end_to_end_on_a_tiny_model_then_a_rerun_regenerates_nothing(tmp_pa
 
     # the baselines were played before training, into the table's store, which the table resumed
     first = json.loads((out / "synth" / "baselines" / "results.json").read_text(encoding="utf-8"))
-    assert [r["method"] for r in first["rows"]] == methods[:4]
-    assert [r["score"] for r in first["rows"]] == [r["score"] for r in summary["rows"][:4]]
+    assert [r["method"] for r in first["rows"]] == methods[:5]
+    assert [r["score"] for r in first["rows"]] == [r["score"] for r in summary["rows"][:5]]
     assert first["units"]["resumed"] == 0 and not (out / "synth" / "baselines" / "episodes.jsonl").exists()
     table = json.loads((out / "synth" / "eval" / "results.json").read_text(encoding="utf-8"))
     # the stages were played before the table, into its store
