@@ -162,6 +162,7 @@ def test_rollout_at_the_top_level_is_the_function_and_the_module_still_imports()
 NO_SCRIPT = {
     "benchmarks.demo.rerender": "repository maintenance: rewrites the committed demo report and README",
     "benchmarks.demo.train_one": "repository maintenance: trains one run into the committed demo's folder",
+    "benchmarks.demo.probe": "repository maintenance: the demo recipe's probe before its full runs",
     "benchmarks.throughput.gpu_check": "a device check run through the device tool from the repository root",
 }
 

@@ -2,6 +2,9 @@
 
 * :mod:`~benchmarks.evaluation.methods`: the methods of the table (baselines, trained
   checkpoints, inference scaling) and how one episode of each is played;
+* :mod:`~benchmarks.evaluation.wrappers`: how a method plays a task (one agent, styled prompts,
+  one hand, swapped evidence);
+* :mod:`~benchmarks.evaluation.controls`: the shortcut ceiling, one hand and counterfactuals;
 * :mod:`~benchmarks.evaluation.prompts`: the baselines' prompts (CoT, MAD, AutoForm; spec §8.2);
 * :mod:`~benchmarks.evaluation.policies`: a model through a backend, or the scripted policy;
 * :mod:`~benchmarks.evaluation.units`: a run's (method, task) units of work;

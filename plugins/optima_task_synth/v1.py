@@ -64,7 +64,6 @@ def holder(relation: int, num_agents: int) -> int:
     return relation % num_agents
 
 
-# size: the generator's knobs, keyword arguments
 def generate_v1(
     rng: random.Random,
     *,
