@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "command_line",
     "parse_args",
     "parse_command",
+    "task_args",
     "vllm_options",
 ]
 
@@ -111,6 +113,9 @@ class RunArgs:
     progress: bool = True
     """Progress bars (rollouts, model loading); --no-progress silences every bar (tqdm's, the
     Hugging Face hub's and transformers')."""
+    task_arg: tuple[str, ...] = ()
+    """A task factory argument as NAME=VALUE for every task of the run (repeatable), e.g.
+    style=small; VALUE is read as JSON when it parses (3, true, "x"), else as text."""
     set: tuple[str, ...] = ()
     """Set a configuration field by its dotted name, typed (repeatable): reward.lambda_token=0.4,
     reward.short_trajectory_tokens=none, ... (the reward of every episode; a task's own thresholds
@@ -127,6 +132,27 @@ class RunArgs:
             raise RunConfigError(
                 f"--vllm-gpu-memory-utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}"
             )
+
+
+def task_args(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``--task-arg NAME=VALUE`` pairs as the task factory's keyword arguments.
+
+    >>> task_args(("style=small", "limit=3", "strict_choice=false"))
+    {'style': 'small', 'limit': 3, 'strict_choice': False}
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise RunConfigError(
+                f"--task-arg: expected NAME=VALUE with NAME a task factory argument, got {pair!r}; "
+                "e.g. --task-arg style=small"
+            )
+        try:
+            out[name.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[name.strip()] = value
+    return out
 
 
 def _at_least(name: str, value: float | None, low: float) -> None:

@@ -60,6 +60,7 @@ from benchmarks.args import (
     command_line,
     parse_args,
     parse_command,
+    task_args,
     vllm_options,
 )
 from benchmarks.demo.tasks import MAIN_TASK
@@ -176,6 +177,7 @@ def run(args: RunArgs, *, pm: Any = None) -> dict[str, Any]:
     started = time.time()
     reward_overrides = {k.removeprefix("reward."): v for k, v in configtree.parse_sets(args.set).items()}
     bench_config(args)  # a bad --set name or value fails here, before any model is loaded
+    task_args(args.task_arg)  # so does a malformed --task-arg
     if args.threads is not None and args.model != "scripted":
         import torch
 
@@ -298,7 +300,7 @@ def _evaluate(
             episodes=args.episodes,
             pm=pm,
             reward=reward_overrides,
-            task_kwargs=suite.task_kwargs.get(names[0]),
+            task_kwargs={**(suite.task_kwargs.get(names[0]) or {}), **task_args(args.task_arg)},
         )
         for names in task_names
     ]
@@ -340,6 +342,7 @@ def _play_and_report(
         "settings": {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("sc_n", "scaling_k")},
         "reward": dict(sorted(reward_overrides.items())),
         "task_kwargs": {k: dict(v) for k, v in suite.task_kwargs.items()},
+        **({"task_args": task_args(args.task_arg)} if args.task_arg else {}),
         **{f"checkpoint:{k}": v for k, v in checkpoints.items()},
     }
     _check_resume(out, identity)

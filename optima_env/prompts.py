@@ -55,10 +55,11 @@ anything unnecessary, but stay informative.
 )
 
 STYLES = ("paper", "small")
-"""Answer styles of the information-exchange tasks (same prompt): ``paper``, answers as
-``<A>answer</A>`` only; ``small``, for models too small to write the tag: the tag, else
-``Answer: x``, else the whole turn (:func:`optima_env.scoring.extract_answer_phrase` with
-``whole_text=True``)."""
+"""Answer styles of the tasks (same prompt): ``paper``, the reference's reading (``<A>answer</A>``,
+or ``\\boxed{}`` for math); ``small``, for models too small to write the format: information
+exchange reads the tag, else ``Answer: x``, else the whole turn
+(:func:`optima_env.scoring.extract_answer_phrase` with ``whole_text=True``); the debate tasks, see
+:mod:`optima_env.families.debate`."""
 
 
 def join_names(names: Sequence[str]) -> str:

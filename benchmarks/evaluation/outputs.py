@@ -9,6 +9,7 @@ them back when a rerun has nothing new to write.
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,13 +18,15 @@ from typing import Any
 from benchmarks.evaluation.methods import Method
 from benchmarks.evaluation.store import EpisodeStore
 from benchmarks.reports.plots import plot_scaling, plot_score_vs_tokens
-from benchmarks.reports.report import long_table, render_report
+from benchmarks.reports.report import long_table, render_report, unread_warnings
 from benchmarks.reports.viewer import render_viewer
 from optima_env.io import read_json_object, write_json_atomic, write_text_atomic
 from optima_env.scoring import f1
 from optima_env.task import metric_name
 
 __all__ = ["collect_results", "write_outputs", "write_viewer", "written_results"]
+
+logger = logging.getLogger(__name__)
 
 SCORE_PLOT = "score_vs_tokens.png"
 SCALING_PLOT = "scaling.png"
@@ -81,6 +84,7 @@ def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: Ep
                 "scorer": None,
                 "mean_tokens": None,
                 "episodes": 0,
+                "unread": None,
                 "instances": 0,
             }
             if entry.obj is not None:
@@ -93,6 +97,7 @@ def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: Ep
                     score=statistics.fmean(r["score"] for r in reduced),
                     mean_tokens=statistics.fmean(r["tokens"] for r in reduced),
                     episodes=sum(len(g) for g in groups),
+                    unread=sum(e.final_answer is None for g in groups for e in g),
                     instances=len(groups),
                     # per instance, in instance order: what the bootstrap intervals resample
                     instance_scores=[float(r["score"]) for r in reduced],
@@ -158,6 +163,8 @@ def write_outputs(
     write_viewer(out, results, store, viewer_limit=viewer_limit)
     write_json_atomic(out / "results.json", results)
     write_text_atomic(out / "report.md", render_report(results, plots=plots, viewer=VIEWER))
+    for warning in unread_warnings(results["rows"]):
+        logger.warning("%s", warning)
     return long_table(results["rows"])
 
 

@@ -19,7 +19,7 @@ from benchmarks.evaluation.store import EpisodeStore
 from benchmarks.suites import Suite
 from optima_env import RewardConfig, make_task, resolve_task_id
 from optima_env.configtree import apply
-from optima_env.errors import DataMissingError, MissingDependencyError, UnknownTaskError
+from optima_env.errors import DataMissingError, MissingDependencyError, RunConfigError, UnknownTaskError
 from optima_env.policy import ChatPolicy
 from optima_env.registry import task_specs
 from optima_env.rollout import RolloutJob, make_jobs, rollout
@@ -89,7 +89,7 @@ def open_task(
     spec = task_specs(pm)[task_id]
     entry = TaskEntry(task=task_id, reward=apply(RewardConfig(), {**spec.reward, **dict(reward or {})}))
     try:
-        task = make_task(task_id, pm=pm, **dict(task_kwargs or {}))
+        task = _make(task_id, pm, dict(task_kwargs or {}))
         entry.family = task.family
         samples = task.samples(split)
         if len(samples) == 0:
@@ -100,6 +100,18 @@ def open_task(
     except (DataMissingError, MissingDependencyError) as exc:  # a malformed file stops the run
         entry.miss(exc)
     return entry
+
+
+def _make(task_id: str, pm: Any, kwargs: dict[str, Any]) -> Any:
+    """The task object; a factory argument it does not take is one clear error."""
+    try:
+        return make_task(task_id, pm=pm, **kwargs)
+    except TypeError as exc:
+        raise RunConfigError(
+            f"{task_id}: the task factory refused the arguments {sorted(kwargs)} ({exc}); pass only "
+            "the arguments its docstring lists (python -c \"import optima_env; "
+            f"help(optima_env.make_task('{task_id}'))\")"
+        ) from exc
 
 
 def pending_jobs(method: Method, entry: TaskEntry, store: EpisodeStore, *, seed: int) -> list[RolloutJob]:

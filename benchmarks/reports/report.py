@@ -13,7 +13,18 @@ from typing import Any
 
 from optima_env.task import metric_name
 
-__all__ = ["long_table", "paper_tables", "render_report", "scaling_table"]
+__all__ = [
+    "UNREAD_WARNING_SHARE",
+    "long_table",
+    "paper_tables",
+    "render_report",
+    "scaling_table",
+    "unread_cell",
+    "unread_warnings",
+]
+
+UNREAD_WARNING_SHARE = 0.5
+"""A row whose share of episodes without a readable answer is above this gets a warning."""
 
 _AGGREGATES = {
     "first": "the one conversation",
@@ -33,12 +44,36 @@ def _status(row: Mapping[str, Any]) -> str:
     return f"{row['status']}: {row.get('reason') or ''}".strip()
 
 
+def unread_cell(row: Mapping[str, Any]) -> str:
+    """``"3 of 8 (38%)"``: the row's episodes whose answer the task could not read (each scored 0);
+    ``"–"`` for a row that was not played or was recorded without the count."""
+    if row.get("unread") is None or not row.get("episodes"):
+        return "–"
+    return f"{row['unread']} of {row['episodes']} ({row['unread'] / row['episodes']:.0%})"
+
+
+def unread_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per row where more than :data:`UNREAD_WARNING_SHARE` of the episodes ended with no
+    answer the task could read: their score of 0 says the model missed the answer format, not
+    the question."""
+    return [
+        f"{r['method']} on {r['task']}: {unread_cell(r)} episodes ended with no answer the task could "
+        "read, each scored 0; the model does not write the task's answer format (read its turns in "
+        "viewer.html), so the score measures the format, not the task"
+        for r in rows
+        if r.get("unread") is not None
+        and r.get("episodes")
+        and r["unread"] / r["episodes"] > UNREAD_WARNING_SHARE
+    ]
+
+
 def long_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """One line per (task, method): score (0-1), the scorer that produced it (and the row's F1 beside
-    a task metric that is not F1), mean #tokens per instance, episodes."""
+    a task metric that is not F1), mean #tokens per instance, episodes, and the episodes without a
+    readable answer."""
     lines = [
-        "| task | method | score | scorer | mean #tokens | episodes |",
-        "|---|---|---|---|---|---|",
+        "| task | method | score | scorer | mean #tokens | episodes | unread answers |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["status"] == "ok":
@@ -47,10 +82,10 @@ def long_table(rows: Sequence[Mapping[str, Any]]) -> str:
                 scorer += f" (F1 {r['f1']:.3f})"
             lines.append(
                 f"| {r['task']} | {_cell(r['method'])} | {r['score']:.3f} | {scorer} | "
-                f"{r['mean_tokens']:.1f} | {r['episodes']} |"
+                f"{r['mean_tokens']:.1f} | {r['episodes']} | {unread_cell(r)} |"
             )
         else:
-            lines.append(f"| {r['task']} | {_cell(r['method'])} | {_cell(_status(r))} | – | – | 0 |")
+            lines.append(f"| {r['task']} | {_cell(r['method'])} | {_cell(_status(r))} | – | – | 0 | – |")
     return "\n".join(lines) + "\n"
 
 
@@ -146,6 +181,10 @@ def render_report(results: Mapping[str, Any], *, plots: Sequence[str], viewer: s
     parts = [f"# Benchmark report: {results['run_name']}\n", _provenance(results)]
     parts.append("## Results (paper Table 1 layout)\n\n" + paper_tables(results))
     parts.append("## All rows\n\n" + long_table(results["rows"]))
+    warnings = unread_warnings(results["rows"])
+    if warnings:
+        lines = "\n".join(f"- **warning**: {w}" for w in warnings)
+        parts.append(f"## Unread answers\n\n{lines}\n")
     missing = [t for t in results["tasks"] if t["status"] != "ok"]
     if missing:
         parts.append(

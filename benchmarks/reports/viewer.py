@@ -11,6 +11,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from benchmarks.reports.report import unread_cell
 from optima_env.types import Episode
 
 __all__ = ["render_viewer"]
@@ -99,7 +100,7 @@ def render_viewer(title: str, sections: Sequence[tuple[Mapping[str, Any], Sequen
         body.append(
             f"<h2>{_e(row['task'])} · {_e(row['method'])}</h2>"
             f"<p class='meta'>score {_e(score)} · mean #tokens {_e(tokens)} · "
-            f"{_e(row.get('episodes'))} episodes{_e(note)}</p>"
+            f"{_e(row.get('episodes'))} episodes{_e(note)} · unread answers {_e(unread_cell(row))}</p>"
         )
         body.extend(_episode(e) for e in episodes)
     return (

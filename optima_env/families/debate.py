@@ -15,16 +15,21 @@ three or more agents); math tasks have no pool.
   :func:`~optima_env.scoring.normalize_final_answer`), and the env's termination compares these
   strings exactly; ``math_answers="lenient"`` takes the last balanced box (``\\fbox`` too) with the
   fuller :func:`~optima_env.scoring.normalize_math_answer`, so termination also sees ``1/2`` and
-  ``\\frac12`` as the same answer.
+  ``\\frac12`` as the same answer. ``style="small"``, for models too small to box their answer (a
+  departure from the reference, off by default): the lenient box, else the last ``answer is X`` /
+  ``Answer: X`` line (GSM8K: its first number), else the turn's last number
+  (:func:`read_small_math_answer`).
 * :class:`ChoiceDebateTask`: ARC-Challenge and MMLU: the options are appended to the question,
   the answer is the last ``<A>...</A>`` (as written, by default), scored by the reference's exact
   match of the option text (:func:`~optima_env.scoring.reference_exact_match`, default) or the
-  lenient :func:`~optima_env.scoring.choice_match`.
+  lenient :func:`~optima_env.scoring.choice_match`. ``style="small"``: the ``<A>`` answer, else the
+  last ``answer is X`` / ``Answer: X`` phrase (:func:`~optima_env.scoring.extract_answer_phrase`).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping
 from string import Template
 from typing import Any, ClassVar
@@ -36,12 +41,14 @@ from optima_env.prompts import (
     CRITIC_PROMPT,
     FORMAT_EXAMPLES,
     PEER_DEBATE_PROMPT,
+    STYLES,
     join_names,
     render,
     with_format_block,
 )
 from optima_env.scoring import (
     choice_match,
+    extract_answer_phrase,
     extract_boxed,
     extract_tagged,
     normalize_math_answer,
@@ -50,10 +57,19 @@ from optima_env.scoring import (
 )
 from optima_env.types import AgentView, TaskSample
 
-__all__ = ["MATH_ANSWERS", "ChoiceDebateTask", "DebateTask", "MathDebateTask", "extract_math_answer"]
+__all__ = [
+    "MATH_ANSWERS",
+    "ChoiceDebateTask",
+    "DebateTask",
+    "MathDebateTask",
+    "extract_math_answer",
+    "read_small_math_answer",
+]
 
 MATH_ANSWERS = ("code", "lenient")
 """How a math turn's answer is read: the reference parser, or the lenient extraction."""
+_ANSWER_LINE = re.compile(r"\banswer(?:\s+is\s*:?|\s*:)[ \t*]*\n?[ \t]*([^\n]+)", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def extract_math_answer(text: str) -> str | None:
@@ -70,6 +86,45 @@ def extract_math_answer(text: str) -> str | None:
     if boxed is None:
         return None
     return normalize_math_answer(boxed).strip() or None
+
+
+def read_small_math_answer(text: str, *, numeric: bool) -> str | None:
+    """A math answer for models too small to box it: the lenient box, else the rest of the last
+    ``answer is X`` / ``Answer: X`` line, else the turn's last number; normalized.
+
+    With ``numeric`` (GSM8K), the answer line gives its first number (``"425,000."`` -> ``425000``).
+
+    >>> read_small_math_answer("The answer is: 540", numeric=True)
+    '540'
+    >>> read_small_math_answer(r"So, the answer is $\\frac{1}{2}$.", numeric=False)
+    '\\\\frac{1}{2}'
+    >>> read_small_math_answer("so we get 7 and then 12 apples", numeric=True)
+    '12'
+    >>> read_small_math_answer("no number here", numeric=True) is None
+    True
+    """
+    boxed = extract_math_answer(text)
+    if boxed is not None:
+        return boxed
+    lines = _ANSWER_LINE.findall(text)
+    if lines:
+        phrase = lines[-1].strip().rstrip(".").strip()
+        if numeric:
+            found = _NUMBER.search(phrase)
+            phrase = found.group() if found else phrase
+        return normalize_math_answer(phrase).strip() or None
+    numbers = _NUMBER.findall(text)
+    if not numbers:
+        return None
+    return normalize_math_answer(numbers[-1].rstrip(",")).strip() or None
+
+
+def _check_style(style: str) -> None:
+    if style not in STYLES:
+        raise TaskContractError(
+            f"style must be one of {STYLES} ('paper': the reference's answer reading, 'small': "
+            f"a lenient reading for models that do not write the answer format), got {style!r}"
+        )
 
 
 class DebateTask(DatasetTask):
@@ -120,19 +175,27 @@ class MathDebateTask(DebateTask):
         math_answers: ``"code"`` (default): the reference parser, whose strings the env's
             termination compares exactly; ``"lenient"``: :func:`extract_math_answer` (termination
             then matches equivalent forms such as ``1/2`` and ``\\frac12``).
+        style: ``"paper"`` (default): as ``math_answers`` says; ``"small"``: for models too small to
+            box their answer, :func:`read_small_math_answer` (a departure from the reference).
         **kwargs: data and agent options of :class:`~optima_env.families.base.DatasetTask`.
     """
 
     num_formats = 0
     answer_rule = "When you have a final answer, end your message with \\boxed{answer}."
+    numeric_answers: ClassVar[bool] = False
+    """Whether the answer is a number (GSM8K): the ``small`` style then reads a number."""
 
-    def __init__(self, *, math_answers: str = "code", **kwargs: Any) -> None:
+    def __init__(self, *, math_answers: str = "code", style: str = "paper", **kwargs: Any) -> None:
         if math_answers not in MATH_ANSWERS:
             raise TaskContractError(f"math_answers must be one of {MATH_ANSWERS}, got {math_answers!r}")
+        _check_style(style)
         super().__init__(**kwargs)
         self.math_answers = math_answers
+        self.style = style
 
     def extract_answer(self, text: str) -> str | None:
+        if self.style == "small":
+            return read_small_math_answer(text, numeric=self.numeric_answers)
         if self.math_answers == "code":
             return parse_boxed_answer(text) or None
         return extract_math_answer(text)
@@ -149,6 +212,8 @@ class ChoiceDebateTask(DebateTask):
             of case, punctuation and spacing (:func:`~optima_env.scoring.choice_match`).
         tag_answers: ``"code"`` (default): the ``<A>`` answer as written, unstripped, as the
             reference parser returns and compares it; ``"stripped"``: stripped.
+        style: ``"paper"`` (default): the ``<A>`` answer only; ``"small"``: else the last
+            ``answer is X`` / ``Answer: X`` phrase (a departure from the reference).
         **kwargs: data and agent options of :class:`~optima_env.families.base.DatasetTask`.
     """
 
@@ -158,17 +223,23 @@ class ChoiceDebateTask(DebateTask):
     options_phrase: ClassVar[str] = "Please choose your answer from {options}"
     """How the options follow the question (``{options}`` = the option texts as a list)."""
 
-    def __init__(self, *, strict_choice: bool = True, tag_answers: str = "code", **kwargs: Any) -> None:
+    def __init__(
+        self, *, strict_choice: bool = True, tag_answers: str = "code", style: str = "paper", **kwargs: Any
+    ) -> None:
         if tag_answers not in ("code", "stripped"):
             raise TaskContractError(f"tag_answers must be 'code' or 'stripped', got {tag_answers!r}")
+        _check_style(style)
         super().__init__(**kwargs)
         self.strict_choice = bool(strict_choice)
         self.tag_answers = tag_answers
+        self.style = style
 
     def question_text(self, sample: TaskSample) -> str:
         return f"{sample.question}\n{self.options_phrase.format(options=options_list(sample.options))}"
 
     def extract_answer(self, text: str) -> str | None:
+        if self.style == "small":
+            return extract_answer_phrase(text)
         return extract_tagged(text, "A", strip=self.tag_answers != "code")
 
     def score(self, answer: str | None, sample: TaskSample) -> float:

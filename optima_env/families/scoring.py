@@ -10,11 +10,17 @@ say produced a number (``episode.metadata["scorer"]``).
 :class:`TokenF1Scoring` is the information-exchange implementation: ``f1="tokens"`` (default,
 the reference) uses the task's own ``f1_tokenizer`` if it was given one, else the env's tokenizer;
 with no tokenizer at all (a scripted policy and no ``tokenizer=``) it falls back to the SQuAD F1,
-and its scorer name says so. ``f1="squad"`` is the official HotpotQA/SQuAD F1 everywhere.
+its scorer name says so, and the first such score of the process logs one warning that the number
+is not the reference's metric ("The Eiffel Tower" vs "Eiffel Tower": 1.0 in SQuAD words, 0.667 in
+Llama-3 tokens). The embedded model's tokenizer is not the default instead: it would make scoring
+need ``transformers``, and it is not the reference's Llama-3 tokenizer either, so it would
+look like the reference's metric without being it. ``f1="squad"`` is the official HotpotQA/SQuAD
+F1 everywhere, chosen, with no warning.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from optima_env.errors import TaskContractError
@@ -24,6 +30,8 @@ from optima_env.types import TaskSample
 __all__ = ["F1_MODES", "TokenF1Scoring", "score_with_tokenizer", "scorer_name", "usable_tokenizer"]
 
 F1_MODES = ("tokens", "squad")
+logger = logging.getLogger(__name__)
+_fallback_warned = False
 
 
 def usable_tokenizer(tokenizer: Any) -> Tokenizer | None:
@@ -81,13 +89,30 @@ class TokenF1Scoring:
         return (self.f1_tokenizer or tokenizer) if self.f1_mode == "tokens" else None
 
     def score(self, answer: str | None, sample: TaskSample) -> float:
-        return f1(answer, sample.answers, tokenizer=self._f1_tokenizer(None))
+        return self.score_with(answer, sample)
 
     def score_with(
         self, answer: str | None, sample: TaskSample, *, tokenizer: Tokenizer | None = None
     ) -> float:
         """The score with the policy's tokenizer (used by ``f1="tokens"`` when the task has none)."""
-        return f1(answer, sample.answers, tokenizer=self._f1_tokenizer(tokenizer))
+        chosen = self._f1_tokenizer(tokenizer)
+        if chosen is None and self.f1_mode == "tokens":
+            self._warn_squad_fallback()
+        return f1(answer, sample.answers, tokenizer=chosen)
+
+    def _warn_squad_fallback(self) -> None:
+        """Say once per process that a ``tokens`` F1 without a tokenizer is not the reference's."""
+        global _fallback_warned
+        if _fallback_warned:
+            return
+        _fallback_warned = True
+        logger.warning(
+            "%s: F1 is scored over SQuAD words because no tokenizer was given, which is not the "
+            "reference's metric (F1 over the policy tokenizer's tokens, spec §13.15); pass tokenizer= "
+            "to the env (or f1_tokenizer= to the task) for the reference's F1, or f1='squad' to choose "
+            "SQuAD F1 (scorer 'f1-squad (no tokenizer)' marks these scores)",
+            getattr(self, "id", type(self).__name__),
+        )
 
     def scorer_name(self, tokenizer: Tokenizer | None = None) -> str:
         """``f1-tokens`` (the reference's ``cal_f1_score``), ``f1-squad``, or the fallback."""

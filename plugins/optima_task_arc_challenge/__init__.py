@@ -24,7 +24,7 @@ pool          the 11 formats of :data:`optima_env.prompts.FORMAT_EXAMPLES`, in t
               the prompt without it
 ============  ==================================================================================
 
-Factory arguments: ``num_agents``, ``strict_choice``, ``tag_answers``, ``data_dir``, ``source``,
+Factory arguments: ``num_agents``, ``strict_choice``, ``tag_answers``, ``style``, ``data_dir``, ``source``,
 ``limit``, ``hf_name``.
 
 Version history:

@@ -12,7 +12,9 @@ end           the same answer twice in a row among answer-bearing turns, or ``ma
               or a turn of 2000+ tokens (spec §2.4). A turn's answer is the reference parser's:
               the content of the last ``\\boxed{`` (none when it is unclosed), normalized
               (units, ``$``, commas in numbers, text before ``=`` removed);
-              ``math_answers="lenient"`` is the lenient extraction
+              ``math_answers="lenient"`` is the lenient extraction; ``style="small"`` (for models
+              that do not box): the box, else the last "answer is X" line's number, else the
+              turn's last number (a departure from the reference)
 metric        accuracy: ``gsm8k_mode="code"`` (default) is the reference training reward: the
               answer (the reference parser's normalized box content) equals the gold string
               after ``####`` (:func:`optima_env.scoring.reference_exact_match`);
@@ -23,7 +25,7 @@ data          ``gsm8k``: ``train`` (7,473), ``test`` (1,319). Local JSONL in
 pool          none (``num_formats == 0``): math has a fixed structure (spec §4)
 ============  ==================================================================================
 
-Factory arguments: ``num_agents``, ``gsm8k_mode``, ``math_answers``, ``data_dir``, ``source``,
+Factory arguments: ``num_agents``, ``gsm8k_mode``, ``math_answers``, ``style``, ``data_dir``, ``source``,
 ``limit``, ``hf_name``.
 
 Version history:
@@ -51,6 +53,7 @@ class GSM8KTask(MathDebateTask):
 
     dataset = "gsm8k"
     solver_prompt = GSM8K_SOLVER_PROMPT
+    numeric_answers = True
 
     def __init__(self, *, gsm8k_mode: str = "code", **kwargs: Any) -> None:
         if gsm8k_mode not in _MODES:

@@ -22,7 +22,7 @@ data          ``math``: ``train`` (7,500), ``test`` (5,000), ``math500``; gold =
 pool          none (``num_formats == 0``): math has a fixed structure (spec §4)
 ============  ==================================================================================
 
-Factory arguments: ``num_agents``, ``math_timeout``, ``math_answers``, ``data_dir``, ``source``,
+Factory arguments: ``num_agents``, ``math_timeout``, ``math_answers``, ``style``, ``data_dir``, ``source``,
 ``limit``, ``hf_name``.
 
 Version history:

@@ -22,8 +22,8 @@ pool          the 11 formats of :data:`optima_env.prompts.FORMAT_EXAMPLES`, in t
               prompt only; ``base_system_prompt`` is the prompt without it
 ============  ==================================================================================
 
-Factory arguments: ``num_agents``, ``strict_choice``, ``tag_answers``, ``filter_arc``, ``data_dir``,
-``source``, ``limit``, ``hf_name``.
+Factory arguments: ``num_agents``, ``strict_choice``, ``tag_answers``, ``style``, ``filter_arc``,
+``data_dir``, ``source``, ``limit``, ``hf_name``.
 
 Version history:
     v0: first release.

@@ -31,7 +31,7 @@ def test_run_writes_episodes_table_results_report_plot_and_viewer(tmp_path) -> N
     proc = _run("--model", "scripted", "--episodes", "3", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     # the main suite: CoT, MAD and the one-hand control on the embedded task, a table row each
-    assert "| task | method | score | scorer | mean #tokens | episodes |" in proc.stdout
+    assert "| task | method | score | scorer | mean #tokens | episodes | unread answers |" in proc.stdout
     assert "| ie/synth-v1 | CoT |" in proc.stdout and "| ie/synth-v1 | MAD |" in proc.stdout
     assert "Shortcut ceiling (computed: no bridging evidence passed on) | 0.125" in proc.stdout
 

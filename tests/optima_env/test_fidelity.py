@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from optima_env import ConversationEnv
@@ -86,6 +89,30 @@ def test_ie_f1_over_the_policy_tokenizer_tokens_by_default() -> None:
     assert fallback.task_score == 1.0 and fallback.metadata["scorer"] == "f1-squad (no tokenizer)"
     with pytest.raises(TaskContractError, match="f1 must be one of"):
         play(turns, f1="words")
+
+
+_FALLBACK_SCRIPT = """
+from optima_env import make
+from optima_env.types import TaskSample
+task = make("ie/hotpotqa-v0", f1=F1).task
+sample = TaskSample(id="s", question="q", answers=("Eiffel Tower",))
+print(task.score("The Eiffel Tower", sample), task.score("The Eiffel Tower", sample), task.scorer_name())
+"""
+
+
+@pytest.mark.parametrize("mode", ["tokens", "squad"])
+def test_f1_without_a_tokenizer_warns_once_that_it_is_not_the_references(mode) -> None:
+    # a fresh process through the public env API: "once" is per process
+    script = _FALLBACK_SCRIPT.replace("F1", repr(mode))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    # SQuAD words drop the article: 1.0 (the reference's Llama-3 tokens give 0.667)
+    scorer = "f1-squad (no tokenizer)" if mode == "tokens" else "f1-squad"
+    assert done.stdout.split(" ", 2) == ["1.0", "1.0", scorer + "\n"]
+    warnings = [line for line in done.stderr.splitlines() if "not the reference's metric" in line]
+    assert len(warnings) == (1 if mode == "tokens" else 0), done.stderr
+    if warnings:
+        assert "ie/hotpotqa-v0" in warnings[0] and "tokenizer=" in warnings[0] and "f1='squad'" in warnings[0]
 
 
 def test_termination_compares_the_unstripped_answers() -> None:
