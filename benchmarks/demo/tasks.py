@@ -209,7 +209,7 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
             "generation.instances": 32,
             "generation.num_samples": 4,
             "generation.max_turns": 6,
-            "generation.max_new_tokens": 64,
+            "generation.max_new_tokens": 48,
             "tree.instances": 16,
             "tree.selections": 6,
             "tree.rollouts": 3,
@@ -240,6 +240,9 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
             "DPO at SFT's learning rate and epochs with a tenth of the pairs held out).",
             "Adapters: rank 32, a truncated SVD of each run's final weight change; the table prints "
             "each adapter's own truncation error.",
+            "Training turns are cut at 48 new tokens (synth-v0's recipe: 64): no turn of a right "
+            "answer by any trained synth-v0 system ran past 27 tokens on the 100 held-out instances, "
+            "and sampling time goes to the turns that ramble to the cap.",
         ),
     ),
     DemoTask(
