@@ -51,13 +51,44 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = probe_task(args.instances, args.eval)
     from benchmarks.demo.train import train_run
+    from optima_env.errors import EmptySelectionError
 
-    run = train_run(spec, args.out, "isft", progress=False)
+    try:
+        run = train_run(spec, args.out, "isft", progress=False)
+    except EmptySelectionError as exc:
+        print(f"the probe stopped: {exc}", flush=True)
+        print(sampled_summary(spec, args.out))
+        return 1
     print("stages:", ", ".join(f"{name} -> {path}" for name, path in run.stages), flush=True)
     if args.train_only:
         return 0
     print(evaluate_probe(spec, args.out, run))
     return 0
+
+
+def sampled_summary(spec: DemoTask, out: Path) -> str:
+    """Each sampled stage's conversations in ``<out>/train/isft``: how many, how many the metric
+    credits, their tokens, and how often the first agent said the bridging entity (the chain's
+    first object: the person's employer), so a stage that selects nothing still says why."""
+    from optima_env import make_task
+    from optima_env.io import read_episodes
+
+    task = make_task(spec.task, **dict(spec.task_kwargs))
+    lines = []
+    for stage in sorted((out / "train" / "isft").glob("iter_*/episodes.jsonl")):
+        episodes = read_episodes(stage)
+        said = 0
+        for e in episodes:
+            split, index = e.sample_id.split("-")[-2:]
+            sample = task.sample(split, int(index))
+            bridge = sample.metadata["chain"][0][2]
+            said += any(bridge in t.text for t in e.turns if t.agent == task.agents[0])
+        credited = sum(e.task_score > 0 for e in episodes)
+        tokens = sum(e.num_tokens for e in episodes) / max(len(episodes), 1)
+        lines.append(f"{stage.parent.name}: {len(episodes)} sampled conversations, {credited} credited by "
+                     f"{task.scorer_name()}, {tokens:.1f} tokens each, the first agent says the bridging "
+                     f"entity in {said}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def evaluate_probe(spec: DemoTask, out: Path, run: Any) -> str:
