@@ -32,6 +32,10 @@ else ``Answer: name`` / ``the answer is name``, else the whole turn (F1 then giv
 a turn that names the answer among other words). Scoring switches
 (:mod:`optima_env.families.scoring`): ``f1`` (``tokens``, the default, or ``squad``) and
 ``tag_answers`` (``code``: the ``<A>`` answer unstripped, as the reference; or ``stripped``).
+
+Version history:
+    v0: first release.
+    v1: ``ie/synth-v1``, a new task id (:mod:`optima_task_synth.v1`); this one is unchanged.
 """
 
 from __future__ import annotations

@@ -40,6 +40,12 @@ Knobs: ``hops`` (2-4), ``num_candidates`` (K, at least 2), ``num_rivals`` (0 to 
 ``num_distractors`` (at least 0). ``style`` reads answers as in v0: ``"paper"`` the ``<A>`` tag only;
 ``"small"`` the tag, else ``Answer: x`` / ``the answer is x``, else the whole turn, which the metric
 credits in full when it names the answer and no rival.
+
+Version history:
+    v0: ``ie/synth-v0`` (:mod:`optima_task_synth.v0`), whose answer was reachable without the chain
+        fact (its docstring says how).
+    v1: first release: the final-hop holder's complete table of K candidates, rivals drawn without
+        regard to the chain, distractors about entities found nowhere else, ``names-gold``.
 """
 
 from __future__ import annotations

@@ -68,8 +68,8 @@ def task_kwargs(task_id: str, fixture_dir: Path) -> dict[str, Any]:
     return {"data_dir": fixture_dir, "source": "local"}
 
 
-def test_the_eight_paper_tasks_and_the_embedded_one_are_registered() -> None:
-    assert list_tasks() == sorted([*PAPER_TASKS, "ie/synth-v0"])
+def test_the_eight_paper_tasks_and_both_embedded_versions_are_registered() -> None:
+    assert list_tasks() == sorted([*PAPER_TASKS, "ie/synth-v0", "ie/synth-v1"])
 
 
 @pytest.mark.parametrize("task_id", list_tasks())
