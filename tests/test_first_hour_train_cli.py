@@ -147,3 +147,20 @@ def test_the_export_cli_answers_bad_flags_in_one_line(tmp_path, tiny) -> None:
         env={**env(), "PYTHONPATH": str(REPO_ROOT)},
     )  # fmt: skip
     assert "--out 'afile' is a file" in one_error_line(proc)
+
+
+def test_iterations_has_one_meaning_stated_in_help_readme_and_the_first_log_line(tmp_path) -> None:
+    """The README's stage lists are what the CLI prints for those commands (``--print-config``
+    resolves the run and lists its stages without training), and ``--help`` says how to count."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    stated = [line for line in readme.splitlines() if " --iterations " in line and " stages: " in line]
+    assert {line.split()[0] for line in stated} == {"isft", "idpo", "isft-dpo"}, stated
+    for line in stated:
+        trainer, _, count = line.split()[:3]
+        proc = train("--trainer", trainer, "--iterations", count.rstrip(":"), "--print-config", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        logged = [entry.split(": ", 1)[1] for entry in proc.stderr.splitlines() if " stages: " in entry]
+        assert logged == [line], proc.stderr[-2000:]
+    assert not (tmp_path / "runs").exists()
+    usage = " ".join(train("--help", cwd=tmp_path).stdout.split())
+    assert "the first being the initialization (so 1 trains the initialization alone)" in usage
