@@ -75,7 +75,7 @@ def test_an_empty_selection_stops_the_run_with_what_to_change(tmp_path, tiny) ->
     proc = train("--model", str(tiny), *TINY_RUN, "--theta-sft", "100", cwd=tmp_path)
     line = one_error_line(proc)
     assert "kept none of its 2 scored trajectories" in line and "selection.theta is 100.0" in line
-    assert "--theta-sft" in line
+    assert "--theta-sft" in line and "No trajectory scored above 0 on the task" in line
     assert "it/s" not in proc.stderr and "ep/s" not in proc.stderr  # --no-progress: no bar at all
 
 
@@ -164,3 +164,14 @@ def test_iterations_has_one_meaning_stated_in_help_readme_and_the_first_log_line
     assert not (tmp_path / "runs").exists()
     usage = " ".join(train("--help", cwd=tmp_path).stdout.split())
     assert "the first being the initialization (so 1 trains the initialization alone)" in usage
+
+
+def test_a_selection_without_task_credit_trains_with_a_warning_naming_the_counts(tmp_path, tiny) -> None:
+    """θ_sft low enough to keep the random model's answers: the stage trains, and the log says
+    that what it kept got no task credit (the top 70% of 2 instances is 1 trajectory)."""
+    proc = train("--model", str(tiny), *TINY_RUN, "--theta-sft", "-100", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line and "task credit" in line]
+    assert len(warnings) == 1, proc.stderr[-3000:]
+    assert "'iter_00': the selection kept 1 trajectories, of which 1 have task score 0" in warnings[0]
+    assert "--min-task-score 1e-09" in warnings[0]
