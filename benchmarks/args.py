@@ -113,6 +113,9 @@ class RunArgs:
     progress: bool = True
     """Progress bars (rollouts, model loading); --no-progress silences every bar (tqdm's, the
     Hugging Face hub's and transformers')."""
+    allow_missing: bool = False
+    """Exit 0 when a task of the run was not evaluated (data missing, an extra not installed, not
+    registered); without it such a run writes its outputs, then exits with status 2."""
     task_arg: tuple[str, ...] = ()
     """A task factory argument as NAME=VALUE for every task of the run (repeatable), e.g.
     style=small; VALUE is read as JSON when it parses (3, true, "x"), else as text."""

@@ -24,7 +24,9 @@ Rerunning the same command with the same ``--out`` resumes: finished (method, ta
 sample) units are read back and not generated again; Ctrl-C prints that command. One process
 writes an ``--out`` at a time (its ``.lock`` names the holder's pid; a second run is refused). A
 task whose data is not there is reported as ``data missing: <reason>`` instead of stopping the
-run; a malformed data file stops it, naming the file, line and field.
+run; the command then exits with status 2 after writing its outputs, unless ``--allow-missing``
+is given (the demo suite reports such a task and exits 0). A malformed data file stops the run,
+naming the file, line and field.
 
 Examples::
 
@@ -66,7 +68,7 @@ from benchmarks.args import (
 from benchmarks.demo.tasks import MAIN_TASK
 from benchmarks.evaluation.controls import add_controls, controls_table, has_controls
 from benchmarks.evaluation.methods import PlaySettings, build_methods, with_controls
-from benchmarks.evaluation.outputs import collect_results, write_outputs
+from benchmarks.evaluation.outputs import collect_results, require_evaluated, write_outputs
 from benchmarks.evaluation.policies import check_backend_flags, token_counter_description
 from benchmarks.evaluation.store import EpisodeStore
 from benchmarks.evaluation.units import open_task, play_methods
@@ -404,7 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> None:
         args, ns = parse_command(argv)
         setup_logging(ns, fmt="%(levelname)s %(name)s: %(message)s")
-        run(args)
+        results = run(args)
+        if args.suite != "demo" and not args.allow_missing:
+            require_evaluated(results)
 
     def interrupted(exc: KeyboardInterrupt) -> str:
         if isinstance(exc, Interrupted):
