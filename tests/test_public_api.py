@@ -164,6 +164,8 @@ NO_SCRIPT = {
     "benchmarks.demo.train_one": "repository maintenance: trains one run into the committed demo's folder",
     "benchmarks.demo.probe": "repository maintenance: the demo recipe's probe before its full runs",
     "benchmarks.throughput.gpu_check": "a device check run through the device tool from the repository root",
+    "optima_env.check": "a plugin author's check, run with the interpreter the plugin is installed in; an "
+    "optima-check script needs the shared environment reinstalled (pip install -e .)",
 }
 
 
