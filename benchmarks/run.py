@@ -365,7 +365,7 @@ def _play_and_report(
     add_controls(results, entries)
     results.update(
         run_name=out.name,
-        suite=suite.name,
+        suite=f"custom: --task {','.join(args.task)}, {suite.name}'s settings" if args.task else suite.name,
         model=args.model,
         backend=backend if args.model != "scripted" else "scripted",
         token_counter=token_counter_description(args.model, backend, args.tokenizer),

@@ -175,3 +175,5 @@ def test_a_selection_without_task_credit_trains_with_a_warning_naming_the_counts
     assert len(warnings) == 1, proc.stderr[-3000:]
     assert "'iter_00': the selection kept 1 trajectories, of which 1 have task score 0" in warnings[0]
     assert "--min-task-score 1e-09" in warnings[0]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert (run / "iter_00" / "result.json").is_file() and not (run / ".lock").exists()

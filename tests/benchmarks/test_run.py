@@ -54,6 +54,7 @@ def test_run_writes_episodes_table_results_report_plot_and_viewer(tmp_path) -> N
     assert any(row["score"] > 0 for row in results["rows"])  # the scripted policy reads its facts
 
     report = (out / "report.md").read_text()
+    assert "- **suite**: main\n" in report and not (out / ".lock").exists()
     assert "| Method | ie/synth-v1 names-gold | #Tok |" in report
     assert "| task | method | score |" in report and "git commit" in report and "wall time" in report
     assert_png(out / "score_vs_tokens.png")
@@ -111,6 +112,8 @@ def test_a_task_without_data_is_reported_and_fails_the_command_unless_allowed(tm
     assert "| ie/synth-v0 | CoT | " in proc.stdout
     report = (out / "report.md").read_text()
     assert "ie/hotpotqa-v0: data missing: " in report and str(empty) in report
+    assert f"- **suite**: custom: --task {tasks}, main's settings\n" in report
+    assert not (out / ".lock").exists()
 
     allowed = _run(*args, "--allow-missing", env=env)
     assert allowed.returncode == 0, allowed.stderr[-2000:]
