@@ -119,6 +119,7 @@ def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: Ep
             "instances": e.instances if e.obj is not None else 0,
             "status": e.status,
             "reason": e.reason,
+            "task_kwargs": dict(e.task_kwargs),
         }
         for e in entries
     ]
