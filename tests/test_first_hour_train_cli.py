@@ -177,3 +177,15 @@ def test_a_selection_without_task_credit_trains_with_a_warning_naming_the_counts
     assert "--min-task-score 1e-09" in warnings[0]
     (run,) = (tmp_path / "runs").iterdir()
     assert (run / "iter_00" / "result.json").is_file() and not (run / ".lock").exists()
+
+
+def test_a_paper_sized_run_of_the_embedded_model_warns_in_one_line(tmp_path, tiny) -> None:
+    for profile in ("paper", "paper-full"):
+        proc = train("--profile", profile, "--print-config", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
+        assert len(warnings) == 1, proc.stderr[-2000:]
+        assert f"--profile {profile} sizes the run for GPUs" in warnings[0]
+        assert "name the model to train with --model" in warnings[0]
+    named = train("--profile", "paper", "--model", str(tiny), "--print-config", cwd=tmp_path)
+    assert named.returncode == 0 and "WARNING" not in named.stderr, named.stderr[-2000:]

@@ -308,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         _set_threads(ns.threads)
         config, state["run"] = resolve_from_args(ns, pm)
         logger.info(describe_plan(config, plan_stages(config, pm)))
+        if config.profile != "cpu" and config.model == "embedded":
+            logger.warning(
+                "--profile %s sizes the run for GPUs, but the model is the embedded 135M one; name the "
+                "model to train with --model (e.g. --model meta-llama/Meta-Llama-3-8B-Instruct)",
+                config.profile,
+            )
         if ns.print_config:
             print(json.dumps(config.to_dict(), indent=2))
             return 0
