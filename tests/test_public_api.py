@@ -91,7 +91,8 @@ def unreachable(pairs: list[tuple[str, str]]) -> list[str]:
 
 def test_the_parsers_see_the_imports() -> None:
     code = (
-        "import optima_env\nimport optima_trainers.host.loop\nfrom optima_env.policy import A, B\nimport os.path\n"
+        "import optima_env\nimport optima_trainers.host.loop\n"
+        "from optima_env.policy import A, B\nimport os.path\n"
     )
     assert sorted(imported_names(code)) == [
         ("optima_env.policy", "A"),
