@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +16,7 @@ from optima_env.cli_support import (
     add_common_flags,
     add_field_flags,
     dataclass_from_args,
+    task_args,
 )
 from optima_env.errors import RunConfigError
 from optima_env.paths import check_input_folder, check_model_flag, check_output_folder
@@ -113,6 +113,9 @@ class RunArgs:
     progress: bool = True
     """Progress bars (rollouts, model loading); --no-progress silences every bar (tqdm's, the
     Hugging Face hub's and transformers')."""
+    allow_missing: bool = False
+    """Exit 0 when a task of the run was not evaluated (data missing, an extra not installed, not
+    registered); without it such a run writes its outputs, then exits with status 2."""
     task_arg: tuple[str, ...] = ()
     """A task factory argument as NAME=VALUE for every task of the run (repeatable), e.g.
     style=small; VALUE is read as JSON when it parses (3, true, "x"), else as text."""
@@ -132,27 +135,6 @@ class RunArgs:
             raise RunConfigError(
                 f"--vllm-gpu-memory-utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}"
             )
-
-
-def task_args(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``--task-arg NAME=VALUE`` pairs as the task factory's keyword arguments.
-
-    >>> task_args(("style=small", "limit=3", "strict_choice=false"))
-    {'style': 'small', 'limit': 3, 'strict_choice': False}
-    """
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name.strip().isidentifier():
-            raise RunConfigError(
-                f"--task-arg: expected NAME=VALUE with NAME a task factory argument, got {pair!r}; "
-                "e.g. --task-arg style=small"
-            )
-        try:
-            out[name.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[name.strip()] = value
-    return out
 
 
 def _at_least(name: str, value: float | None, low: float) -> None:

@@ -24,7 +24,9 @@ Rerunning the same command with the same ``--out`` resumes: finished (method, ta
 sample) units are read back and not generated again; Ctrl-C prints that command. One process
 writes an ``--out`` at a time (its ``.lock`` names the holder's pid; a second run is refused). A
 task whose data is not there is reported as ``data missing: <reason>`` instead of stopping the
-run; a malformed data file stops it, naming the file, line and field.
+run; the command then exits with status 2 after writing its outputs, unless ``--allow-missing``
+is given (the demo suite reports such a task and exits 0). A malformed data file stops the run,
+naming the file, line and field.
 
 Examples::
 
@@ -66,9 +68,10 @@ from benchmarks.args import (
 from benchmarks.demo.tasks import MAIN_TASK
 from benchmarks.evaluation.controls import add_controls, controls_table, has_controls
 from benchmarks.evaluation.methods import PlaySettings, build_methods, with_controls
-from benchmarks.evaluation.outputs import collect_results, write_outputs
+from benchmarks.evaluation.outputs import collect_results, require_evaluated, write_outputs
 from benchmarks.evaluation.policies import check_backend_flags, token_counter_description
 from benchmarks.evaluation.store import EpisodeStore
+from benchmarks.evaluation.trained import trained_rules, trained_task_kwargs
 from benchmarks.evaluation.units import open_task, play_methods
 from benchmarks.reports.intervals import add_intervals, ratio_table
 from benchmarks.suites import get_suite
@@ -277,17 +280,20 @@ def _evaluate(
     pm: Any,
     reward_overrides: dict[str, Any],
 ) -> dict[str, Any]:
-    """The evaluation suites (main, smoke, paper, scaling): open the tasks, then play and report."""
+    """The evaluation suites (main, smoke, paper, scaling): open the tasks, then play and report.
+    Checkpoints from a training run folder set the caps and their task's arguments (flags win)."""
+    rules = trained_rules(checkpoints)
+    caps = rules or suite
     settings = PlaySettings(
-        max_turns=args.max_turns or suite.max_turns,
-        max_new_tokens=args.max_new_tokens or suite.max_new_tokens,
+        max_turns=args.max_turns or caps.max_turns,
+        max_new_tokens=args.max_new_tokens or caps.max_new_tokens,
         temperature=args.temperature,
         sc_n=args.sc_n or suite.sc_n,
         sc_temperature=args.sc_temperature,
         scaling_k=args.scaling_k or suite.scaling_k,
         scaling_temperature=args.scaling_temperature,
         seed=args.seed,
-        stop_at_speaker_tags=suite.stop_at_speaker_tags,
+        stop_at_speaker_tags=caps.stop_at_speaker_tags,
     )
     explicit = bool(args.task)
     task_names = tuple((t,) for t in args.task) if explicit else suite.tasks
@@ -300,7 +306,8 @@ def _evaluate(
             episodes=args.episodes,
             pm=pm,
             reward=reward_overrides,
-            task_kwargs={**(suite.task_kwargs.get(names[0]) or {}), **task_args(args.task_arg)},
+            task_kwargs={**(suite.task_kwargs.get(names[0]) or {}), **trained_task_kwargs(rules, names, pm),
+                         **task_args(args.task_arg)},
         )
         for names in task_names
     ]
@@ -312,9 +319,14 @@ def _evaluate(
         methods = with_controls(methods, settings)  # the suite's only where every task has them
 
     out.mkdir(parents=True, exist_ok=True)
+    given = [f for f, v in (("--max-turns", args.max_turns), ("--max-new-tokens", args.max_new_tokens)) if v]
+    caps_from = ("the suite" if rules is None else "the training run of " + "; ".join(rules.runs)) + (
+        f", except {' and '.join(given)}" if given else ""
+    )
     with folder_lock(out, what="--out"):
         return _play_and_report(args, suite, out, started, settings, checkpoints, methods, entries,
-                                backend=backend, reward_overrides=reward_overrides)  # fmt: skip
+                                backend=backend, reward_overrides=reward_overrides,
+                                caps_from=caps_from)  # fmt: skip
 
 
 # size: the run's resolved options, forwarded from its CLI to play and report
@@ -330,9 +342,10 @@ def _play_and_report(
     *,
     backend: str,
     reward_overrides: dict[str, Any],
+    caps_from: str,
 ) -> dict[str, Any]:
     """Play what ``--out`` does not hold yet and write the outputs (under the folder's lock).
-    Ten parameters: the run's pieces as :func:`run` resolved them, passed on unchanged."""
+    Eleven parameters: the run's pieces as :func:`run` resolved them, passed on unchanged."""
     data_dir = os.environ.get("OPTIMA_DATA_DIR")
     identity = {
         "model": args.model,
@@ -363,13 +376,13 @@ def _play_and_report(
     add_controls(results, entries)
     results.update(
         run_name=out.name,
-        suite=suite.name,
+        suite=f"custom: --task {','.join(args.task)}, {suite.name}'s settings" if args.task else suite.name,
         model=args.model,
         backend=backend if args.model != "scripted" else "scripted",
         token_counter=token_counter_description(args.model, backend, args.tokenizer),
         data_dir=data_dir,
         split=args.split,
-        settings=dataclasses.asdict(settings),
+        settings={**dataclasses.asdict(settings), "caps_from": caps_from},
         config=dataclasses.asdict(args),
         git_commit=_git_commit(),
         started=results_started(started),
@@ -404,7 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> None:
         args, ns = parse_command(argv)
         setup_logging(ns, fmt="%(levelname)s %(name)s: %(message)s")
-        run(args)
+        results = run(args)
+        if args.suite != "demo" and not args.allow_missing:
+            require_evaluated(results)
 
     def interrupted(exc: KeyboardInterrupt) -> str:
         if isinstance(exc, Interrupted):

@@ -15,6 +15,9 @@ Importing this package never imports torch; model backends import it lazily, and
 classes (``TransformersPolicy``, ``CTranslate2Policy``, ``VLLMPolicy``, ``OpenAIChatPolicy``,
 ``load_policy``) are attributes resolved on first use.
 
+A task plugin's conformance checks run from the shell with ``python -m optima_env.check TASK``
+(:mod:`optima_env.check`, one line per check of :func:`~optima_env.testing.check_task`).
+
 ``optima_env.rollout`` is the :func:`~optima_env.rollout.rollout` function (the package attribute
 shadows its module); ``from optima_env.rollout import make_jobs`` still imports from the module.
 """

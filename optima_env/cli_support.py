@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
 from optima_env import configtree
-from optima_env.errors import ConfigError, OptimaError
+from optima_env.errors import ConfigError, OptimaError, RunConfigError
 
 __all__ = [
     "EXIT_ERROR",
@@ -61,6 +62,7 @@ __all__ = [
     "progress_silenced",
     "run_command",
     "setup_logging",
+    "task_args",
 ]
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -235,6 +237,27 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quiet", action="store_true", help="log warnings and errors only (--log-level warning)"
     )
+
+
+def task_args(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``--task-arg NAME=VALUE`` pairs as the task factory's keyword arguments.
+
+    >>> task_args(("style=small", "limit=3", "strict_choice=false"))
+    {'style': 'small', 'limit': 3, 'strict_choice': False}
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise RunConfigError(
+                f"--task-arg: expected NAME=VALUE with NAME a task factory argument, got {pair!r}; "
+                "e.g. --task-arg style=small"
+            )
+        try:
+            out[name.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[name.strip()] = value
+    return out
 
 
 def setup_logging(

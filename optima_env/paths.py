@@ -6,8 +6,10 @@ path-taking flags with these before it loads a model or creates a folder, so a t
 
 :func:`folder_lock` is an ``fcntl.flock`` on ``<folder>/.lock`` (the kernel releases it when its
 holder dies, so a stale lock of a dead process is simply taken over) whose file holds the holder's
-pid, for the refusal message. We use ``flock`` rather than a third-party lock package: it is the
-standard library's, works on every POSIX system this project supports, and cannot go stale.
+pid, for the refusal message; the holder removes the file as it lets go, so a finished folder
+has no ``.lock`` (one a killed process left is taken over). We use ``flock`` rather than a
+third-party lock package: it is the standard library's, works on every POSIX system this project
+supports, and cannot go stale.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from optima_env.errors import DataError, TaskContractError
 
@@ -134,23 +137,44 @@ def check_input_folder(flag: str, value: str | os.PathLike[str]) -> Path:
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike[str], *, what: str) -> Iterator[None]:
     """Hold ``folder``'s one-writer lock; a second holder gets :class:`TaskContractError` at once
-    naming the holder's pid. ``what`` names the folder in the message (``--out``, ``the run``)."""
+    naming the holder's pid. ``what`` names the folder in the message (``--out``, ``the run``).
+    The lock file is removed when the holder lets go, so a finished folder holds none."""
     path = Path(folder) / LOCK_NAME
-    handle = open(path, "a+", encoding="utf-8")
+    handle = _locked(path, folder, what)
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise TaskContractError(
-                f"{what} {folder} is in use by another process (pid {holder}); wait for it to finish or "
-                "stop it, or use another folder"
-            ) from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         yield
     finally:
+        if _same_file(handle, path):  # still ours: unlinked while held, so no one locks a removed file
+            path.unlink()
         handle.close()
+
+
+def _locked(path: Path, folder: str | os.PathLike[str], what: str) -> Any:
+    """``path`` opened and flocked. A holder removes the file before it lets go, so a file
+    locked after its removal is not the lock any more: open the path again."""
+    while True:
+        handle = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise TaskContractError(
+                f"{what} {folder} is in use by another process (pid {holder}); wait for it to finish or "
+                "stop it, or use another folder"
+            ) from None
+        if _same_file(handle, path):
+            return handle
+        handle.close()
+
+
+def _same_file(handle: Any, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False

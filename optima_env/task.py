@@ -21,6 +21,7 @@ __all__ = [
     "FAMILY_METRICS",
     "Task",
     "agent_names",
+    "declared_metric",
     "evidence",
     "metric_name",
     "needs_evidence",
@@ -38,10 +39,13 @@ def metric_name(task: Task | None, family: str = "") -> str:
     >>> metric_name(None, "debate")
     'accuracy'
     """
+    return declared_metric(task) or FAMILY_METRICS.get(getattr(task, "family", None) or family, "score")
+
+
+def declared_metric(task: object) -> str | None:
+    """The ``metric`` a task declares itself (stripped), or None."""
     declared = getattr(task, "metric", None)
-    if isinstance(declared, str) and declared.strip():
-        return declared.strip()
-    return FAMILY_METRICS.get(getattr(task, "family", None) or family, "score")
+    return declared.strip() if isinstance(declared, str) and declared.strip() else None
 
 
 def needs_evidence(task: Task | None, family: str = "") -> bool:

@@ -108,6 +108,7 @@ def check_task(
     seeds: Sequence[int] = (0, 1),
     api_cycles: int = 20,
     answer_text: Callable[[TaskSample], str] | None = None,
+    on_pass: Callable[[str, str], None] | None = None,
 ) -> CheckReport:
     """Run the conformance checks (module docstring) on one task.
 
@@ -122,6 +123,8 @@ def check_task(
         api_cycles: ``num_cycles`` of PettingZoo's tests.
         answer_text: optional ``sample -> turn text`` giving a turn that carries the gold answer
             in the task's format; its extracted answer must score 1.
+        on_pass: called as ``on_pass(check, detail)`` when a check passes, and once per PettingZoo
+            suite under ``api_test`` (``python -m optima_env.check`` prints a line each).
 
     Returns:
         A :class:`CheckReport`.
@@ -140,8 +143,14 @@ def check_task(
     def fail(check: str, message: str) -> TaskContractError:
         return TaskContractError(f"task {task.id!r} fails check {check!r}: {message}")
 
+    def passed(check: str, detail: str = "") -> None:
+        if check not in checks:
+            checks.append(check)
+        if on_pass is not None:
+            on_pass(check, detail)
+
     _check_agents(task, fail)
-    checks.append("agents")
+    passed("agents", ", ".join(task.agents))
     samples = task.samples(split)
     if len(samples) == 0:
         raise fail("samples", f"split {split!r} has no instances")
@@ -149,24 +158,25 @@ def check_task(
     for sample in picked:
         if not isinstance(sample, TaskSample) or not sample.answers:
             raise fail("samples", f"expected TaskSamples with at least one answer, got {sample!r:.200}")
-    checks.append("samples")
+    passed("samples", f"{len(picked)} of the {len(samples)} instances of split {split!r}")
     for index, sample in enumerate(picked):
         _check_views(task, sample, index, fail)
-    checks += ["views", "formats"]
+    passed("views")
+    passed("formats", f"{task.num_formats} prompt formats")
     if needs_evidence(task):
         _check_evidence(task, picked, fail)
-        checks.append("evidence")
+        passed("evidence")
     for sample in picked:
         _check_scoring(task, sample, answer_text, fail)
-    checks += ["extract", "score"]
+    passed("extract", f"{len(JUNK_TEXTS)} junk texts")
+    passed("score")
 
     def new_env(**extra: Any) -> ConversationEnv:
         return ConversationEnv(task, **{"split": split, "pm": pm, **dict(env_kwargs or {}), **extra})
 
     _check_episode_seed(new_env, task, seeds, fail)
-    checks.append("episode_seed")
-    _check_pettingzoo(new_env, api_cycles, fail)
-    checks.append("api_test")
+    passed("episode_seed", f"seeds {list(seeds)}")
+    _check_pettingzoo(new_env, api_cycles, fail, passed)
     return CheckReport(
         task_id=task.id,
         split=split,
@@ -305,7 +315,9 @@ def _check_episode_seed(
                 raise fail("episode_seed", f"the episode of seed {seed} does not round-trip through JSON")
 
 
-def _check_pettingzoo(new_env: Callable[..., ConversationEnv], cycles: int, fail: _Fail) -> None:
+def _check_pettingzoo(
+    new_env: Callable[..., ConversationEnv], cycles: int, fail: _Fail, passed: Callable[[str, str], None]
+) -> None:
     from pettingzoo.test import api_test, parallel_api_test, seed_test
     from pettingzoo.utils.conversions import aec_to_parallel
 
@@ -323,6 +335,7 @@ def _check_pettingzoo(new_env: Callable[..., ConversationEnv], cycles: int, fail
                 run()
         except AssertionError as exc:
             raise fail("api_test", f"PettingZoo {name} failed: {exc or type(exc).__name__}") from exc
+        passed("api_test", f"PettingZoo {name}, {cycles} cycles")
 
 
 class _Quiet:

@@ -84,6 +84,10 @@ def test_one_writer_per_out_folder(tmp_path) -> None:
     finally:
         holder.kill()
         holder.wait()
+    assert (out / ".lock").read_text().strip() == str(holder.pid)  # killed: it could not let go
+    proc = bench("--model", "scripted", "--methods", "cot", "--episodes", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "episodes.jsonl").exists() and not (out / ".lock").exists()  # taken over, then removed
 
 
 @pytest.mark.parametrize("tasks, played", [([MAIN_TASK.task], True), (["test/tiny-v0"], False)])
@@ -105,10 +109,10 @@ def test_the_rollout_benchmark_cli_answers_bad_flags_in_one_line(tmp_path) -> No
     for argv, message in cases:
         proc = subprocess.run(
             [sys.executable, "-m", "benchmarks.throughput.rollout_bench", "--out", str(tmp_path / "out"),
-             *argv],  # fmt: skip
+             *argv],
             cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-        )  # fmt: skip
+        )
         assert message in one_error_line(proc), argv
         assert not (tmp_path / "out").exists()
 

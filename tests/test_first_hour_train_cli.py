@@ -75,7 +75,7 @@ def test_an_empty_selection_stops_the_run_with_what_to_change(tmp_path, tiny) ->
     proc = train("--model", str(tiny), *TINY_RUN, "--theta-sft", "100", cwd=tmp_path)
     line = one_error_line(proc)
     assert "kept none of its 2 scored trajectories" in line and "selection.theta is 100.0" in line
-    assert "--theta-sft" in line
+    assert "--theta-sft" in line and "No trajectory scored above 0 on the task" in line
     assert "it/s" not in proc.stderr and "ep/s" not in proc.stderr  # --no-progress: no bar at all
 
 
@@ -147,3 +147,45 @@ def test_the_export_cli_answers_bad_flags_in_one_line(tmp_path, tiny) -> None:
         env={**env(), "PYTHONPATH": str(REPO_ROOT)},
     )  # fmt: skip
     assert "--out 'afile' is a file" in one_error_line(proc)
+
+
+def test_iterations_has_one_meaning_stated_in_help_readme_and_the_first_log_line(tmp_path) -> None:
+    """The README's stage lists are what the CLI prints for those commands (``--print-config``
+    resolves the run and lists its stages without training), and ``--help`` says how to count."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    stated = [line for line in readme.splitlines() if " --iterations " in line and " stages: " in line]
+    assert {line.split()[0] for line in stated} == {"isft", "idpo", "isft-dpo"}, stated
+    for line in stated:
+        trainer, _, count = line.split()[:3]
+        proc = train("--trainer", trainer, "--iterations", count.rstrip(":"), "--print-config", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        logged = [entry.split(": ", 1)[1] for entry in proc.stderr.splitlines() if " stages: " in entry]
+        assert logged == [line], proc.stderr[-2000:]
+    assert not (tmp_path / "runs").exists()
+    usage = " ".join(train("--help", cwd=tmp_path).stdout.split())
+    assert "the first being the initialization (so 1 trains the initialization alone)" in usage
+
+
+def test_a_selection_without_task_credit_trains_with_a_warning_naming_the_counts(tmp_path, tiny) -> None:
+    """θ_sft low enough to keep the random model's answers: the stage trains, and the log says
+    that what it kept got no task credit (the top 70% of 2 instances is 1 trajectory)."""
+    proc = train("--model", str(tiny), *TINY_RUN, "--theta-sft", "-100", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line and "task credit" in line]
+    assert len(warnings) == 1, proc.stderr[-3000:]
+    assert "'iter_00': the selection kept 1 trajectories, of which 1 have task score 0" in warnings[0]
+    assert "--min-task-score 1e-09" in warnings[0]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert (run / "iter_00" / "result.json").is_file() and not (run / ".lock").exists()
+
+
+def test_a_paper_sized_run_of_the_embedded_model_warns_in_one_line(tmp_path, tiny) -> None:
+    for profile in ("paper", "paper-full"):
+        proc = train("--profile", profile, "--print-config", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
+        assert len(warnings) == 1, proc.stderr[-2000:]
+        assert f"--profile {profile} sizes the run for GPUs" in warnings[0]
+        assert "name the model to train with --model" in warnings[0]
+    named = train("--profile", "paper", "--model", str(tiny), "--print-config", cwd=tmp_path)
+    assert named.returncode == 0 and "WARNING" not in named.stderr, named.stderr[-2000:]

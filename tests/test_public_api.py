@@ -91,7 +91,8 @@ def unreachable(pairs: list[tuple[str, str]]) -> list[str]:
 
 def test_the_parsers_see_the_imports() -> None:
     code = (
-        "import optima_env\nimport optima_trainers.host.loop\nfrom optima_env.policy import A, B\nimport os.path\n"
+        "import optima_env\nimport optima_trainers.host.loop\n"
+        "from optima_env.policy import A, B\nimport os.path\n"
     )
     assert sorted(imported_names(code)) == [
         ("optima_env.policy", "A"),
@@ -164,6 +165,8 @@ NO_SCRIPT = {
     "benchmarks.demo.train_one": "repository maintenance: trains one run into the committed demo's folder",
     "benchmarks.demo.probe": "repository maintenance: the demo recipe's probe before its full runs",
     "benchmarks.throughput.gpu_check": "a device check run through the device tool from the repository root",
+    "optima_env.check": "a plugin author's check, run with the interpreter the plugin is installed in; an "
+    "optima-check script needs the shared environment reinstalled (pip install -e .)",
 }
 
 

@@ -9,5 +9,6 @@
 * :mod:`~benchmarks.evaluation.policies`: a model through a backend, or the scripted policy;
 * :mod:`~benchmarks.evaluation.units`: a run's (method, task) units of work;
 * :mod:`~benchmarks.evaluation.store`: the append-only episode file a run resumes from;
-* :mod:`~benchmarks.evaluation.outputs`: from stored episodes to result rows and files.
+* :mod:`~benchmarks.evaluation.outputs`: from stored episodes to result rows and files;
+* :mod:`~benchmarks.evaluation.trained`: the task arguments and caps of a checkpoint's training run.
 """

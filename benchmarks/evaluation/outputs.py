@@ -3,7 +3,8 @@
 :func:`collect_results` reduces every (method, task) to one row from the episodes in the store
 (so a resumed run reports exactly what a run in one go would); :func:`write_outputs` writes
 ``results.json``, ``report.md``, the PNG plots and ``viewer.html``; :func:`written_results` reads
-them back when a rerun has nothing new to write.
+them back when a rerun has nothing new to write; :func:`require_evaluated` refuses a run that left
+a task unevaluated (the command's ``--allow-missing`` accepts it).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from benchmarks.evaluation.store import EpisodeStore
 from benchmarks.reports.plots import plot_scaling, plot_score_vs_tokens
 from benchmarks.reports.report import long_table, render_report, unread_warnings
 from benchmarks.reports.viewer import render_viewer
+from optima_env.errors import DataMissingError
 from optima_env.io import read_json_object, write_json_atomic, write_text_atomic
 from optima_env.scoring import f1
 from optima_env.task import metric_name
 
-__all__ = ["collect_results", "write_outputs", "write_viewer", "written_results"]
+__all__ = ["collect_results", "require_evaluated", "write_outputs", "write_viewer", "written_results"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +119,7 @@ def collect_results(entries: Sequence[Any], methods: Sequence[Method], store: Ep
             "instances": e.instances if e.obj is not None else 0,
             "status": e.status,
             "reason": e.reason,
+            "task_kwargs": dict(e.task_kwargs),
         }
         for e in entries
     ]
@@ -201,3 +204,20 @@ def written_results(out: Path, results: dict[str, Any]) -> dict[str, Any] | None
     keys = ("rows", "tasks", "methods", "curves")
     same = json.loads(json.dumps({k: results.get(k) for k in keys}))  # as results.json holds them
     return written if same == {k: written.get(k) for k in keys} else None
+
+
+def require_evaluated(results: dict[str, Any]) -> None:
+    """Refuse, after the outputs are written, a run that left a task unevaluated, so a script
+    does not take a table of ``data missing`` rows for success."""
+    skipped = [t for t in results.get("tasks", ()) if t.get("status") != "ok"]
+    if skipped:
+        listed = "; ".join(f"{t['task']} ({t['status']}: {_one_line(t['reason'])})" for t in skipped)
+        raise DataMissingError(
+            f"expected every task of the run evaluated, got {len(skipped)} of {len(results['tasks'])} not "
+            f"evaluated: {listed}; the outputs report them. Give the data (--data-dir or OPTIMA_DATA_DIR) "
+            "or the missing extra, or pass --allow-missing to accept a partial run"
+        )
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())

@@ -43,6 +43,8 @@ class TaskEntry:
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     """The reward of its episodes: the task's own thresholds (``TaskSpec.reward``), then ``--set``."""
     reason: str = ""
+    task_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The arguments its factory got (the suite's, a checkpoint's training run's, then ``--task-arg``)."""
 
     def miss(self, exc: Exception) -> None:
         """Mark the task as not evaluated because of ``exc``."""
@@ -87,7 +89,8 @@ def open_task(
     if task_id is None:
         return TaskEntry(task=names[0], status="not registered", reason=f"no task named {' / '.join(names)}")
     spec = task_specs(pm)[task_id]
-    entry = TaskEntry(task=task_id, reward=apply(RewardConfig(), {**spec.reward, **dict(reward or {})}))
+    entry = TaskEntry(task=task_id, reward=apply(RewardConfig(), {**spec.reward, **dict(reward or {})}),
+                      task_kwargs=dict(task_kwargs or {}))  # fmt: skip
     try:
         task = _make(task_id, pm, dict(task_kwargs or {}))
         entry.family = task.family

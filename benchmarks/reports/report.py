@@ -150,6 +150,14 @@ def _wall_time(results: Mapping[str, Any]) -> str:
     return text
 
 
+def _caps(settings: Mapping[str, Any]) -> str:
+    """The caps every system played under, and where they came from (the suite, or the training
+    run of the checkpoints; a flag overrides either)."""
+    cut = ", turns cut at speaker tags" if settings.get("stop_at_speaker_tags") else ""
+    source = settings.get("caps_from", "the suite")
+    return f"{settings['max_turns']} turns x {settings['max_new_tokens']} tokens{cut}, from {source}"
+
+
 def _provenance(results: Mapping[str, Any]) -> str:
     s = results["settings"]
     units = results["units"]
@@ -171,6 +179,9 @@ def _provenance(results: Mapping[str, Any]) -> str:
             f"{s['temperature']}; SC n={s['sc_n']} at T={s['sc_temperature']}; scaling "
             f"k≤{s['scaling_k']} at T={s['scaling_temperature']}",
         ),
+        ("caps", _caps(s)),
+        ("task arguments", "; ".join(f"{t['task']} {t['task_kwargs']}" for t in results["tasks"]
+                                     if t.get("task_kwargs")) or "none"),
         ("command", "`" + " ".join(results["command"]) + "`"),
     ]
     return "\n".join(f"- **{k}**: {v}" for k, v in items) + "\n"

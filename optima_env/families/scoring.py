@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from optima_env.errors import TaskContractError
 from optima_env.scoring import Tokenizer, f1
+from optima_env.task import declared_metric
 from optima_env.types import TaskSample
 
 __all__ = ["F1_MODES", "TokenF1Scoring", "score_with_tokenizer", "scorer_name", "usable_tokenizer"]
@@ -48,17 +49,20 @@ def score_with_tokenizer(task: Any, answer: str | None, sample: TaskSample, toke
 
 
 def scorer_name(task: Any, tokenizer: Any = None) -> str:
-    """The name of the scorer that produces the task's scores with this tokenizer.
+    """The name of the scorer that produces the task's scores with this tokenizer: the task's own
+    ``scorer_name``, else the ``metric`` it declares, else its ``score`` method.
 
     >>> class Plain:
     ...     id = "my/task-v0"
-    >>> scorer_name(Plain())
-    'my/task-v0.score'
+    >>> class Declared(Plain):
+    ...     metric = "exact match"
+    >>> scorer_name(Plain()), scorer_name(Declared())
+    ('my/task-v0.score', 'exact match')
     """
     named = getattr(task, "scorer_name", None)
     if callable(named):
         return str(named(usable_tokenizer(tokenizer)))
-    return f"{getattr(task, 'id', type(task).__name__)}.score"
+    return declared_metric(task) or f"{getattr(task, 'id', type(task).__name__)}.score"
 
 
 class TokenF1Scoring:

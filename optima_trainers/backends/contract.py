@@ -196,11 +196,14 @@ def train_dpo_stage(data: StageData, context: StageContext) -> StageOutcome:
 class _BuiltinBackend(TrainerBackend):
     def train(self, data: StageData, context: StageContext) -> StageOutcome:
         if context.stage.generate == "samples":
-            if data.episodes and not data.selected:  # iSFT trains on the selection: nothing to learn from
-                from optima_trainers.sft.selection import empty_selection_error
+            from optima_trainers.sft.selection import empty_selection_error, no_task_credit_warning
 
+            if data.episodes and not data.selected:  # iSFT trains on the selection: nothing to learn from
                 selection = {**context.config.selection.to_dict(), "stage": context.stage.name}
                 raise empty_selection_error(data.episodes, selection)
+            warning = no_task_credit_warning(data.selected, context.stage.name)
+            if warning is not None:
+                logger.warning(warning)
             return train_sft_stage(data, context)
         return train_dpo_stage(data, context)
 

@@ -296,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         from optima_env.registry import get_plugin_manager
+        from optima_trainers.host.loop import describe_plan, plan_stages
 
         pm = get_plugin_manager()
         wants_help = any(a in ("-h", "--help") for a in argv)
@@ -306,6 +307,13 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["OPTIMA_DATA_DIR"] = ns.data_dir
         _set_threads(ns.threads)
         config, state["run"] = resolve_from_args(ns, pm)
+        logger.info(describe_plan(config, plan_stages(config, pm)))
+        if config.profile != "cpu" and config.model == "embedded":
+            logger.warning(
+                "--profile %s sizes the run for GPUs, but the model is the embedded 135M one; name the "
+                "model to train with --model (e.g. --model meta-llama/Meta-Llama-3-8B-Instruct)",
+                config.profile,
+            )
         if ns.print_config:
             print(json.dumps(config.to_dict(), indent=2))
             return 0

@@ -101,7 +101,11 @@ class TrainConfig:
     family: str = "information_exchange"
     """Task family (from its ``TaskSpec``)."""
     iterations: int = 2
-    """isft: iterations including the initialization; idpo: DPO iterations after it; isft-dpo: cycles."""
+    """Rounds of the trainer's own step, counted as the reference code counts them: an iSFT round
+    is one SFT stage, the first being the initialization (so 1 trains the initialization alone); an
+    iDPO round is one DPO stage, after the initialization; an iSFT-DPO round is one SFT+DPO cycle,
+    the first SFT being the initialization. The run's first log line (and ``--print-config``)
+    lists the stages, e.g. ``isft --iterations 3: 3 stages: iter_00 (init), iter_01 (sft), iter_02 (sft)``."""
     split: str = "train"
     """Split the training instances come from (taken in order, cursor wraps)."""
     task_kwargs: Mapping[str, Any] = field(default_factory=dict)

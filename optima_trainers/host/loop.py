@@ -59,7 +59,7 @@ from optima_trainers.host.runs import RunDir, read_instances, read_stage_result,
 from optima_trainers.host.stages import Stage, StageData, StageOutcome
 from optima_trainers.tree.stage import read_tree_stage
 
-__all__ = ["IterativeTrainer", "plan_stages"]
+__all__ = ["IterativeTrainer", "describe_plan", "plan_stages"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ def _backend(config: TrainConfig, pm: pluggy.PluginManager) -> tuple[Any, Any]:
     if not isinstance(backend, TrainerBackend):
         raise PluginError(
             f"trainer {config.trainer!r}: its factory returned {type(backend).__name__}, expected an "
-            "optima_trainers.backends.contract.TrainerBackend (subclass it and implement stages() and train())"
+            "optima_trainers.backends.contract.TrainerBackend "
+            "(subclass it and implement stages() and train())"
         )
     return spec, backend
 
@@ -96,6 +97,13 @@ def plan_stages(config: TrainConfig, pm: pluggy.PluginManager | None = None) -> 
     _builtin_plugin(pm)
     _, backend = _backend(config, pm)
     return backend.stages(config)
+
+
+def describe_plan(config: TrainConfig, stages: list[Stage]) -> str:
+    """The run's stages in one line, so ``--iterations`` is never guessed at: ``isft --iterations 3:
+    3 stages: iter_00 (init), iter_01 (sft), iter_02 (sft)``."""
+    labels = ", ".join(f"{s.name} ({'init' if s.init else s.kind})" for s in stages)
+    return f"{config.trainer} --iterations {config.iterations}: {len(stages)} stages: {labels}"
 
 
 class IterativeTrainer(StageGeneration):

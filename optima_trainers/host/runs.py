@@ -35,7 +35,7 @@ from typing import Any
 from optima_env.configtree import ConfigError
 from optima_env.errors import DataError, TaskContractError
 from optima_env.io import append_jsonl, read_json_object, read_jsonl, read_text, write_json_atomic
-from optima_env.paths import LOCK_NAME, folder_lock
+from optima_env.paths import folder_lock
 from optima_trainers.config.train import TrainConfig
 
 __all__ = [
@@ -311,7 +311,7 @@ class RunDir:
                     return False
                 for folder in (p for p in self.root.iterdir() if p.is_dir()):
                     shutil.rmtree(folder)  # stage folders without work (see started)
-                for name in ("config.json", "state.json", "metrics.jsonl", LOCK_NAME):
+                for name in ("config.json", "state.json", "metrics.jsonl"):
                     (self.root / name).unlink(missing_ok=True)
         except TaskContractError:  # held by another process: not ours to remove
             return False

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from optima_env.errors import DataError, EmptySelectionError, TaskContractError
@@ -32,6 +32,7 @@ __all__ = [
     "best_per_instance",
     "draw_sample_id",
     "empty_selection_error",
+    "no_task_credit_warning",
     "select_isft",
     "select_training_data",
 ]
@@ -184,8 +185,10 @@ def select_training_data(episodes: Sequence[Episode], config: Mapping[str, Any])
 def empty_selection_error(episodes: Sequence[Episode], config: Mapping[str, Any]) -> EmptySelectionError:
     """The error of a stage whose selection kept none of ``episodes``: it names the best
     trajectory's value and the threshold, so the run stops with what to change instead of
-    training on nothing and exiting as if it had worked. Raised by the built-in backends, which
-    train on the selection (a backend that chooses its own data, e.g. RFT, is not stopped)."""
+    training on nothing and exiting as if it had worked. The first lever it names is
+    ``min_task_score`` with a threshold the credited trajectories meet: lowering θ_sft alone lets
+    trajectories whose task score is 0 train. Raised by the built-in backends, which train on the
+    selection (a backend that chooses its own data, e.g. RFT, is not stopped)."""
     selection = SelectionConfig.from_mapping(config)
     task_threshold = selection.threshold_on == "task"
     best = max(e.task_score if task_threshold else _total(e) for e in episodes)
@@ -194,7 +197,53 @@ def empty_selection_error(episodes: Sequence[Episode], config: Mapping[str, Any]
     return EmptySelectionError(
         f"the selection of stage {config.get('stage', '?')!r} kept none of its {len(episodes)} scored "
         f"trajectories: the best {tested} is {best:.4g}, selection.theta is {selection.theta}"
-        f"{extra} (keep={list(selection.keep)}); nothing would train. Start a new run with a lower "
-        f"threshold (--theta-sft {math.floor(best * 100) / 100:g}, or --set selection.theta=...), or "
-        "more samples per instance (--samples)"
+        f"{extra} (keep={list(selection.keep)}); nothing would train. {_levers(episodes, selection, best)}"
+    )
+
+
+def _floor(value: float) -> float:
+    return math.floor(value * 100) / 100
+
+
+def _levers(episodes: Sequence[Episode], selection: SelectionConfig, best: float) -> str:
+    """What to change after an empty selection, the lever that keeps task credit first: a
+    ``min_task_score`` with the θ_sft every credited instance's best trajectory meets, tried on
+    these episodes before it is suggested."""
+    lower = f"lowering the threshold alone (--theta-sft {_floor(best):g}) would train on task score 0"
+    more = "sample more per instance (--samples) or more instances (--instances)"
+    credited = best_per_instance([e for e in episodes if e.task_score > 0])
+    if not credited:
+        return (
+            f"No trajectory scored above 0 on the task, so --min-task-score would keep none and {lower}: "
+            f"{more}, or use a stronger --model or an easier task variant"
+        )
+    score = _total if selection.threshold_on == "total" else (lambda e: e.task_score - 1e-9)
+    theta = _floor(min(score(e) for e in credited))
+    kept = select_isft(episodes, replace(selection, min_task_score=_MIN_CREDIT, theta=theta))
+    if not kept:
+        return (
+            f"Only {len(credited)} instance(s) have a trajectory with task credit, too few for the kept "
+            f"slice {list(selection.keep)} under --min-task-score {_MIN_CREDIT:g}: {more}; {lower}"
+        )
+    return (
+        f"Start a new run that keeps task credit: --min-task-score {_MIN_CREDIT:g} --theta-sft {theta:g} "
+        f"(here it keeps {len(kept)} trajectories, all with task credit); {lower}; or {more}"
+    )
+
+
+_MIN_CREDIT = 1e-9
+"""The ``min_task_score`` the messages suggest: any task credit at all (right or partly right)."""
+
+
+def no_task_credit_warning(selected: Sequence[Episode], stage: str) -> str | None:
+    """A warning line when over half of a stage's selected trajectories have task score 0 (the
+    stage would learn mostly from conversations that got the task wrong), with the counts; None
+    otherwise."""
+    zero = sum(1 for e in selected if e.task_score <= 0)
+    if not selected or 2 * zero <= len(selected):
+        return None
+    return (
+        f"stage {stage!r}: the selection kept {len(selected)} trajectories, of which {zero} have task "
+        f"score 0; the stage learns from conversations that got no task credit. --min-task-score "
+        f"{_MIN_CREDIT:g} (selection.min_task_score) keeps only trajectories with some"
     )

@@ -143,5 +143,11 @@ def test_the_report_names_each_tasks_metric_and_files_follow_the_umask(test_pm, 
     report = (out / "report.md").read_text()
     assert "| Method | test/exact-v0 exact match | #Tok | ie/synth-v0 F1 | #Tok |" in report
     assert "(exact match / F1 in %" in report
+    scorers = {(r["task"], r["method"]): r["scorer"] for r in results["rows"]}
+    assert scorers[("test/exact-v0", "CoT")] == "exact match"  # the task's metric, not test/exact-v0.score
+    assert "| test/exact-v0 | CoT | " in report and "test/exact-v0.score" not in report
+    assert results["suite"] == "custom: --task test/exact-v0,ie/synth-v0, main's settings"
+    assert "- **suite**: custom: --task test/exact-v0,ie/synth-v0, main's settings\n" in report
+    assert not (out / ".lock").exists()  # the run's lock went with it
     for name in ("report.md", "results.json", "viewer.html", "episodes.jsonl", "run_config.json"):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o640, name

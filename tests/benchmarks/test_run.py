@@ -54,6 +54,7 @@ def test_run_writes_episodes_table_results_report_plot_and_viewer(tmp_path) -> N
     assert any(row["score"] > 0 for row in results["rows"])  # the scripted policy reads its facts
 
     report = (out / "report.md").read_text()
+    assert "- **suite**: main\n" in report and not (out / ".lock").exists()
     assert "| Method | ie/synth-v1 names-gold | #Tok |" in report
     assert "| task | method | score |" in report and "git commit" in report and "wall time" in report
     assert_png(out / "score_vs_tokens.png")
@@ -92,19 +93,33 @@ def test_unknown_suite_and_method_are_clear_errors(tmp_path) -> None:
 
 
 @pytest.mark.skipif("ie/hotpotqa-v0" not in list_tasks(), reason="the HotpotQA task plugin is not installed")
-def test_a_task_without_data_is_reported_not_fatal(tmp_path) -> None:
+def test_a_task_without_data_is_reported_and_fails_the_command_unless_allowed(tmp_path) -> None:
+    """The run goes on and writes its outputs with the task's ``data missing`` row, then exits 2 with
+    one line naming the task, so a script does not take it for success; ``--allow-missing`` exits 0."""
     empty = tmp_path / "no-data"
     empty.mkdir()
+    env = {"OPTIMA_DATA_DIR": str(empty), "HF_HUB_OFFLINE": "1"}
     out = tmp_path / "run"
-    proc = _run(
-        "--model", "scripted", "--task", "ie/hotpotqa-v0,ie/synth-v0", "--episodes", "2", "--out", str(out),
-        env={"OPTIMA_DATA_DIR": str(empty), "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    tasks = "ie/hotpotqa-v0,ie/synth-v0"
+    args = ("--model", "scripted", "--task", tasks, "--episodes", "2", "--out", str(out))
+    proc = _run(*args, env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "got 1 of 2 not evaluated: ie/hotpotqa-v0 (data missing: " in errors[0]
+    assert "--allow-missing" in errors[0]
     assert "| ie/hotpotqa-v0 | CoT | data missing: " in proc.stdout
     assert "| ie/synth-v0 | CoT | " in proc.stdout
     report = (out / "report.md").read_text()
     assert "ie/hotpotqa-v0: data missing: " in report and str(empty) in report
+    assert f"- **suite**: custom: --task {tasks}, main's settings\n" in report
+    assert not (out / ".lock").exists()
+
+    allowed = _run(*args, "--allow-missing", env=env)
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    assert "| ie/hotpotqa-v0 | CoT | data missing: " in allowed.stdout
+    alone = _run("--model", "scripted", "--task", "ie/hotpotqa-v0", "--out", str(tmp_path / "alone"), env=env)
+    assert alone.returncode == 2 and "got 1 of 1 not evaluated" in alone.stderr, alone.stderr[-2000:]
 
 
 def test_reward_weights_and_task_thresholds_are_set_from_the_command_line(tmp_path) -> None:

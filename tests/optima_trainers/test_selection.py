@@ -9,10 +9,18 @@ from optima_env.errors import DataError, TaskContractError
 from optima_env.types import Episode, RewardBreakdown
 from optima_trainers.backends import builtin as plugin
 from optima_trainers.hookspecs import add_trainer_hookspecs
-from optima_trainers.sft.selection import SelectionConfig, best_per_instance, select_isft
+from optima_trainers.sft.selection import (
+    SelectionConfig,
+    best_per_instance,
+    empty_selection_error,
+    no_task_credit_warning,
+    select_isft,
+)
 
 
-def ep(sample_id: str, total: float, *, seed: int = 0, flags: tuple[str, ...] = ()) -> Episode:
+def ep(
+    sample_id: str, total: float, *, seed: int = 0, flags: tuple[str, ...] = (), task_score: float = 0.0
+) -> Episode:
     reward = RewardBreakdown(
         task=0.0, token=0.0, readability=0.0, total=total, num_tokens=10, normalizer=10.0, flags=flags
     )
@@ -24,7 +32,7 @@ def ep(sample_id: str, total: float, *, seed: int = 0, flags: tuple[str, ...] = 
         turns=(),
         final_answer=None,
         gold=("x",),
-        task_score=0.0,
+        task_score=task_score,
         terminated=False,
         truncated=True,
         end_reason="max_turns",
@@ -163,3 +171,49 @@ def test_min_task_score_picks_the_best_among_answers_with_some_credit() -> None:
     config = SelectionConfig(theta=-100, keep=(0.0, 1.0), min_task_score=1e-9)
     assert [(e.sample_id, e.seed) for e in select_isft(episodes, config)] == [("c", 1), ("a", 2)]
     assert SelectionConfig.from_mapping(config.to_dict()) == config
+
+
+def test_an_empty_selection_suggests_keeping_task_credit_first_and_that_suggestion_works() -> None:
+    """A new task: the best total reward (0.07) got the task wrong; three instances have a
+    trajectory with task credit, at lower totals. The error's first lever keeps credited
+    trajectories only; lowering θ alone keeps wrong ones, and that selection warns with its counts."""
+    episodes = [
+        ep("a", 0.07), ep("a", 0.045, seed=1, task_score=0.5),
+        ep("b", 0.06), ep("b", 0.03, seed=1, task_score=1.0),
+        ep("c", 0.065), ep("c", 0.021, seed=1, task_score=0.2),
+        ep("d", -0.2), ep("e", -0.3),
+    ]  # fmt: skip
+    assert select_isft(episodes, SelectionConfig(theta=0.5)) == []
+    line = str(empty_selection_error(episodes, {**SelectionConfig().to_dict(), "stage": "iter_00"}))
+    first, lower = "--min-task-score 1e-09 --theta-sft 0.02", "--theta-sft 0.07"
+    assert first in line and lower in line and line.index(first) < line.index(lower), line
+    assert "(here it keeps 2 trajectories, all with task credit)" in line
+    credited = select_isft(episodes, SelectionConfig(theta=0.02, min_task_score=1e-9))
+    assert [(e.sample_id, e.task_score) for e in credited] == [("a", 0.5), ("b", 1.0)]
+    assert no_task_credit_warning(credited, "iter_00") is None
+    noise = select_isft(episodes, SelectionConfig(theta=0.06))
+    assert [(e.sample_id, e.task_score) for e in noise] == [("a", 0.0), ("c", 0.0), ("b", 0.0)]
+    warning = no_task_credit_warning(noise, "iter_00")
+    assert warning is not None and "kept 3 trajectories, of which 3 have task score 0" in warning
+
+
+def test_an_empty_selection_with_too_few_credited_instances_says_so() -> None:
+    episodes = [ep("a", 0.07), ep("a", 0.045, seed=1, task_score=0.5), ep("b", 0.06)]
+    line = str(empty_selection_error(episodes, {**SelectionConfig().to_dict(), "stage": "iter_00"}))
+    assert "Only 1 instance(s) have a trajectory with task credit, too few for the kept slice" in line
+
+
+def test_an_empty_selection_without_any_task_credit_says_min_task_score_cannot_help() -> None:
+    episodes = [ep("a", 0.07), ep("b", -0.2)]
+    line = str(empty_selection_error(episodes, {**SelectionConfig().to_dict(), "stage": "iter_00"}))
+    assert "No trajectory scored above 0 on the task, so --min-task-score would keep none" in line
+    assert "--theta-sft 0.07" in line and "would train on task score 0" in line
+
+
+def test_the_task_credit_warning_counts_and_stays_quiet_at_half() -> None:
+    half = [ep("a", 0.9, task_score=1.0), ep("b", 0.6)]
+    assert no_task_credit_warning(half, "iter_01") is None
+    most = [*half, ep("c", 0.55)]
+    warning = no_task_credit_warning(most, "iter_01")
+    assert warning is not None and "'iter_01'" in warning
+    assert "kept 3 trajectories, of which 2 have task score 0" in warning
