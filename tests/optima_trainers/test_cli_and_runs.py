@@ -51,7 +51,7 @@ def test_print_config_resolves_preset_and_flags(capsys: pytest.CaptureFixture[st
     import json
 
     config = json.loads(capsys.readouterr().out)
-    assert config["task"] == "ie/synth-v0" and config["generation"]["num_samples"] == 3
+    assert config["task"] == "ie/synth-v1" and config["generation"]["num_samples"] == 3  # the latest version
     assert config["tree"]["theta_diff"] == 0.3 and config["sft"]["lora"] is False
     # one home: the tree reward follows reward.* (tree.lambda_token unset)
     assert config["reward"]["lambda_token"] == 0.25 and config["tree"]["lambda_token"] is None
