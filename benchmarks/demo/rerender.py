@@ -55,7 +55,8 @@ def _task(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
         row["final_of"] = finals.get(row["method"])
     stage_rows, stages_missing = table_rows(read_json_object(root / "stages" / "results.json"), control)
     missing_by_table = {k: v for k, v in (("table", missing), ("stages", stages_missing)) if v}
-    spec = next((s for s in DEMO_TASKS if (s.name, s.task) == (summary.get("name"), summary.get("task"))), None)
+    key = (summary.get("name"), summary.get("task"))
+    spec = next((s for s in DEMO_TASKS if (s.name, s.task) == key), None)
     words = {"retired": spec.retired, "caption": spec.caption} if spec is not None else {}
     return {**summary, "rows": rows, "stage_rows": stage_rows, "control": control,
             "control_missing": missing_by_table, **words}  # fmt: skip
