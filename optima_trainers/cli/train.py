@@ -140,7 +140,12 @@ def build_parser(pm: Any = None) -> argparse.ArgumentParser:
         "--threads", type=int, default=None, help="CPU threads of torch (1 when sharing a CPU)"
     )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config and exit; loads no model, so offline a hub --model that is not "
+        "in the cache is printed with a warning that it was not checked",
+    )
     add_common_flags(parser)
     return parser
 
