@@ -41,15 +41,20 @@ def _looks_local(value: str) -> bool:
     return value.startswith((".", "/", "~")) or value.count("/") > 1 or "\\" in value
 
 
-def check_model_flag(flag: str, value: str, *, names: tuple[str, ...] = ("embedded",)) -> None:
+def check_model_flag(
+    flag: str, value: str, *, names: tuple[str, ...] = ("embedded",), require_cached: bool = True
+) -> bool:
     """Refuse a model flag's value that cannot load, before anything is loaded or created.
 
     Accepted: one of ``names`` (``embedded``, ...), a folder holding a model (``config.json``) or a
     PEFT adapter (``adapter_config.json``), or a Hugging Face hub name (offline: only one in the
-    local Hugging Face cache). Raises :class:`TaskContractError` naming the flag otherwise.
+    local Hugging Face cache, unless ``require_cached`` is false: a command that loads no model,
+    such as the trainer's ``--print-config``). Raises :class:`TaskContractError` naming the flag
+    otherwise. Returns whether the value was checked in full: ``False`` only for a hub name that,
+    offline, is not in the cache and was let through because ``require_cached`` is false.
     """
     if value in names:
-        return
+        return True
     choices = [f"a model folder (with {' or '.join(MODEL_MARKERS)})", "a Hugging Face name"]
     accepted = ", ".join(choices + [repr(n) for n in names])
     path = Path(value).expanduser()
@@ -66,17 +71,20 @@ def check_model_flag(flag: str, value: str, *, names: tuple[str, ...] = ("embedd
                 "that save_pretrained wrote with its tokenizer (model.save_pretrained(folder) and "
                 "tokenizer.save_pretrained(folder))"
             )
-        return
+        return True
     if path.exists():
         raise TaskContractError(f"{flag} {value!r} is a file; expected {accepted}")
     if _looks_local(value):
         raise TaskContractError(f"{flag} {value!r} does not exist; expected {accepted}; check the path")
     if _offline() and not _in_hub_cache(value):
+        if not require_cached:
+            return False
         raise TaskContractError(
             f"{flag} {value!r} is neither a local folder nor a model in the Hugging Face cache, and the "
             f"hub is offline (HF_HUB_OFFLINE=1); expected {accepted}; pass a local folder"
             + "".join(f" or {n!r}" for n in names)
         )
+    return True
 
 
 def _missing_model_files(path: Path) -> str:

@@ -189,3 +189,20 @@ def test_a_paper_sized_run_of_the_embedded_model_warns_in_one_line(tmp_path, tin
         assert "name the model to train with --model" in warnings[0]
     named = train("--profile", "paper", "--model", str(tiny), "--print-config", cwd=tmp_path)
     assert named.returncode == 0 and "WARNING" not in named.stderr, named.stderr[-2000:]
+
+
+def test_print_config_resolves_an_uncached_hub_model_offline_with_one_warning(tmp_path) -> None:
+    """--print-config loads no model, so it prints a configuration for a model this machine has
+    not downloaded; the run itself still refuses that model offline."""
+    proc = train("--model", "acme/not-cached-model", "--print-config", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert '"model": "acme/not-cached-model"' in proc.stdout
+    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "--model 'acme/not-cached-model' was not checked" in warnings[0]
+    assert "a run here would refuse it" in warnings[0]
+    assert "nor a model in the Hugging Face cache" in one_error_line(
+        train("--model", "acme/not-cached-model", cwd=tmp_path)
+    )
+    assert "is a folder but not a model" in one_error_line(
+        train("--model", str(tmp_path), "--print-config", cwd=tmp_path)
+    )  # a bad path is refused under --print-config as well

@@ -140,7 +140,12 @@ def build_parser(pm: Any = None) -> argparse.ArgumentParser:
         "--threads", type=int, default=None, help="CPU threads of torch (1 when sharing a CPU)"
     )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config and exit; loads no model, so offline a hub --model that is not "
+        "in the cache is printed with a warning that it was not checked",
+    )
     add_common_flags(parser)
     return parser
 
@@ -260,13 +265,22 @@ def _set_threads(threads: int | None) -> None:
 
 
 def _check_paths(ns: argparse.Namespace) -> None:
-    """Refuse path-taking flags that cannot work, before anything is loaded or created."""
+    """Refuse path-taking flags that cannot work, before anything is loaded or created.
+
+    ``--print-config`` loads no model, so offline it prints the configuration of a hub model that
+    is not in the local cache (as a configuration for another machine), with one warning that the
+    model was not checked."""
     from optima_env.paths import check_input_folder, check_model_flag, check_output_folder
 
     for flag in ("--model", "--readability-model"):
         value = getattr(ns, flag.lstrip("-").replace("-", "_"))
-        if value is not None:
-            check_model_flag(flag, value)
+        if value is not None and not check_model_flag(flag, value, require_cached=not ns.print_config):
+            logger.warning(
+                "%s %r was not checked: the hub is offline (HF_HUB_OFFLINE=1) and it is not in the "
+                "Hugging Face cache; --print-config loads no model, but a run here would refuse it",
+                flag,
+                value,
+            )
     if ns.data_dir:
         check_input_folder("--data-dir", ns.data_dir)
     if not ns.resume:
