@@ -22,6 +22,7 @@ PHASES = (
     "gemm",
     "roofline",
     "naive",
+    "engine_old",
     "engine",
     "engine_b64",
     "vllm",
@@ -32,9 +33,12 @@ PHASES = (
     "drivers_engine",
     "drivers_vllm",
     "dp_engine",
+    "eos_engines",
+    "fidelity",
 )
-"""Every phase, in the order the suite runs them (the last three: the EOS workload,
-:mod:`benchmarks.throughput.rollout_drivers`)."""
+"""Every phase, in the order the suite runs them (``drivers_*``, ``dp_engine``: the EOS workload,
+:mod:`benchmarks.throughput.rollout_drivers`; ``engine_old``, ``eos_engines``, ``fidelity``: the
+engine comparison, :mod:`benchmarks.throughput.rollout_engines`)."""
 
 _BATCHED = re.compile(r"^(?P<base>[a-z0-9_]+?)_b(?P<batch>\d+)$")
 
@@ -57,9 +61,13 @@ def run_phase(name: str, cfg: Any) -> dict[str, Any]:
         from benchmarks.throughput.rollout_drivers import run_eos_phase
 
         return run_eos_phase(name, cfg)
+    if name in ("eos_engines", "fidelity"):
+        from benchmarks.throughput.rollout_engines import run_engine_phase
+
+        return run_engine_phase(name, cfg)
     base, batch = phase_batch(name, cfg)
-    if base in ("naive", "engine"):
-        return _phase_hf(cfg, naive=base == "naive", batch=batch)
+    if base in ("naive", "engine", "engine_old"):
+        return _phase_hf(cfg, naive=base == "naive", batch=batch, old=base == "engine_old")
     if base == "vllm":
         return _phase_vllm(cfg, batch)
     if base.startswith("ct2_"):
@@ -133,15 +141,20 @@ def _play(cfg: Any, policy: Any, tokenizer: Any, *, naive: bool, concurrency: in
 
 
 # -- the backends ---------------------------------------------------------------------------------
-def _phase_hf(cfg: Any, *, naive: bool, batch: int) -> dict[str, Any]:
+def _phase_hf(cfg: Any, *, naive: bool, batch: int, old: bool = False) -> dict[str, Any]:
     import torch
 
+    from benchmarks.throughput.rollout_engines import OLD_ENGINE, new_engine
     from optima_env.backends.hf import TransformersPolicy
 
     torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
     policy = TransformersPolicy.from_pretrained(
-        cfg.model, dtype="float32", batch_size=1 if naive else batch, fast=not naive
+        cfg.model,
+        dtype="float32",
+        batch_size=1 if naive else batch,
+        fast=not naive,
+        **(OLD_ENGINE if old or naive else new_engine(cfg)),
     )
     load = time.perf_counter() - started
     result = _play(cfg, policy, policy.tokenizer, naive=naive, concurrency=batch)
@@ -150,6 +163,7 @@ def _phase_hf(cfg: Any, *, naive: bool, batch: int) -> dict[str, Any]:
         **result,
         "startup_s": load,
         "backend": "transformers generate, batch 1" if naive else "transformers fast path",
+        "engine": policy.engine,
         "prefill_share": stats.prefilled_tokens / max(1, stats.prompt_tokens),
     }
 
