@@ -107,6 +107,11 @@ class GenerationConfig:
     has native bf16 (AVX512_BF16, AMX) and fp32 elsewhere; ``float32`` or ``bfloat16`` force one.
     Rollouts, trees and baselines use it; training keeps :attr:`TrainConfig.dtype`. Each stage
     folder records the engine that generated it (``engine.json``) and refuses to resume under another."""
+    sampler: Literal["cdf", "multinomial"] = "cdf"
+    """``backend="hf"``: how the transformers engine samples (:data:`optima_env.backends._tokens.SAMPLERS`):
+    ``cdf`` (exact inverse-CDF sampling, one uniform draw per row) or ``multinomial`` (per-row
+    ``torch.multinomial``: the same distribution, another random stream; replays stages generated
+    before ``cdf``)."""
     vllm_reuse_engine: bool = True
     """``backend="vllm"``: one engine serves the run; each stage's weights are loaded into it in
     place (0.6 s on vLLM-CPU where a new engine takes 19-115 s to start) and, on GPUs, it sleeps
@@ -172,10 +177,11 @@ class GenerationConfig:
 
     def policy_options(self) -> dict[str, Any]:
         """The backend's own keyword arguments for :func:`optima_env.backends.loading.load_policy`
-        (``vllm``: its scale switches; ``hf``: :attr:`precision` and :attr:`hf_kv_cache_mb` where set)."""
+        (``vllm``: its scale switches; ``hf``: :attr:`precision`, :attr:`sampler` and
+        :attr:`hf_kv_cache_mb` where set)."""
         if self.backend == "hf":
             kv = {} if self.hf_kv_cache_mb is None else {"kv_cache_mb": self.hf_kv_cache_mb}
-            return {"precision": self.precision, **kv}
+            return {"precision": self.precision, "sampler": self.sampler, **kv}
         if self.backend != "vllm":
             return {}
         options: dict[str, Any] = {

@@ -41,7 +41,7 @@ def _forward(model, ids):
 
 
 @pytest.mark.parametrize(("native", "resolved"), [(False, "float32"), (True, "bfloat16")])
-def test_auto_decodes_in_bf16_only_where_the_cpu_has_it(tiny, tokenizer, monkeypatch, native, resolved) -> None:
+def test_auto_decodes_in_bf16_only_where_the_cpu_has_it(tiny, tokenizer, monkeypatch, native, resolved):
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     policy = TransformersPolicy(tiny, tokenizer)
     assert policy.precision == resolved
@@ -105,7 +105,12 @@ def test_the_precision_reaches_the_engine_from_the_trainer_config(monkeypatch) -
         options = config.generation.policy_options()
         assert load_policy("embedded", backend="hf", batch_size=2, **options).precision == resolved
     assert trainer_config("--backend", "hf").generation.precision == "auto"
-    with pytest.raises(ConfigError, match="generation.precision.*one of .auto., .float32., .bfloat16."):
+    legacy = trainer_config(
+        "--backend", "hf", "--set", "generation.precision=float32", "--set", "generation.sampler=multinomial"
+    )  # fmt: skip
+    replay = load_policy("embedded", backend="hf", batch_size=2, **legacy.generation.policy_options())
+    assert replay.engine == {"precision": "float32", "sampler": "multinomial"}
+    with pytest.raises(ConfigError, match=r"generation.precision.*one of .auto., .float32., .bfloat16."):
         trainer_config("--backend", "hf", "--set", "generation.precision=half")
 
 
@@ -135,7 +140,7 @@ def test_a_stage_folder_refuses_to_resume_under_another_engine(tiny, tokenizer, 
     assert check_stage_engine(bf16, tmp_path) is bf16
     assert json.loads((tmp_path / "engine.json").read_text()) == {"precision": "bfloat16", "sampler": "cdf"}
     assert check_stage_engine(bf16, tmp_path) is bf16
-    with pytest.raises(DataError, match="generation.precision=bfloat16"):
+    with pytest.raises(DataError, match=r"generation\.precision=bfloat16 --set generation\.sampler=cdf"):
         check_stage_engine(fp32, tmp_path)
     old = tmp_path / "old"
     old.mkdir()
@@ -162,4 +167,5 @@ def test_a_benchmark_store_never_mixes_engines(tiny, tokenizer, tmp_path) -> Non
     store.add(dataclasses.replace(_episode("a", 1.0), metadata=meta))  # no record: fp32 multinomial
     check_engine(method, entry, store, TransformersPolicy(tiny, tokenizer, precision="float32"), settings)
     with pytest.raises(DataError, match="rerun with --precision float32"):
-        check_engine(method, entry, store, TransformersPolicy(tiny, tokenizer, precision="bfloat16"), settings)
+        bf16 = TransformersPolicy(tiny, tokenizer, precision="bfloat16")
+        check_engine(method, entry, store, bf16, settings)
