@@ -252,9 +252,9 @@ def _throughput(args: RunArgs, suite: Any, out: Path) -> dict[str, Any]:
         out / "command.txt", " ".join(command_line(dataclasses.replace(args, out=str(out)))) + "\n"
     )
     if args.update_readme:
-        from benchmarks.reports.readme import performance_block, replace_block
+        from benchmarks.reports.readme import SUITES, performance_block, replace_block
 
-        folders = {s: REPO_README.parent / "benchmarks" / "results" / s for s in ("rollout", "loop")}
+        folders = {s: REPO_README.parent / "benchmarks" / "results" / s for s in SUITES}
         replace_block(REPO_README, "performance", performance_block({**folders, suite.name: out}))
     return result
 

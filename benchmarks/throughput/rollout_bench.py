@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.throughput.rollout_drivers import EOS_FIELDS, EOS_PHASES
+from benchmarks.throughput.rollout_engines import ENGINE_PHASES, run_engine_phase
 from benchmarks.throughput.rollout_phases import PHASES, run_phase
 from benchmarks.throughput.rollout_report import plot, summarize
 from optima_env.cli_support import (
@@ -173,7 +174,7 @@ def _run_phase(name: str, cfg: SuiteConfig, result_path: Path) -> None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        result = run_phase(name, cfg)
+        result = run_engine_phase(name, cfg) if name in ENGINE_PHASES else run_phase(name, cfg)
     finally:
         stop.set()
         sampler.join()

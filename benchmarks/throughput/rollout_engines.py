@@ -23,21 +23,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["ENGINE_PHASES", "OLD_ENGINE", "engines_text", "run_engine_phase"]
+from benchmarks.throughput.rollout_phases import OLD_ENGINE, _jobs, _sampling, new_engine
 
-ENGINE_PHASES = ("engine_old", "eos_engines", "fidelity")
-"""The phases of this module, in the order the suite runs them."""
+__all__ = ["ENGINE_PHASES", "OLD_ENGINE", "engines_text", "new_engine", "run_engine_phase"]
 
-OLD_ENGINE = {"precision": "float32", "sampler": "multinomial"}
-"""The transformers engine before inverse-CDF sampling and mixed precision."""
+ENGINE_PHASES = ("eos_engines", "fidelity")
+"""The phases this module runs, in the order the suite runs them (``engine_old`` is a fixed-length
+phase of :mod:`benchmarks.throughput.rollout_phases`)."""
 
 FIDELITY_TARGETS = {"tv_mean": 0.01, "top_token_agreement": 0.98}
 """Most mean total variation distance, least top-token agreement."""
-
-
-def new_engine(cfg: Any) -> dict[str, str]:
-    """The engine the suite measures: its ``precision`` and the ``cdf`` sampler."""
-    return {"precision": cfg.precision, "sampler": "cdf"}
 
 
 def run_engine_phase(name: str, cfg: Any) -> dict[str, Any]:
@@ -88,7 +83,6 @@ def _eos_engines(cfg: Any) -> dict[str, Any]:
 def _fidelity(cfg: Any) -> dict[str, Any]:
     import torch
 
-    from benchmarks.throughput.rollout_phases import _jobs, _sampling
     from optima_env import make_task
     from optima_env.backends.hf import TransformersPolicy, render_prompt
     from optima_env.backends.precision import cpu_has_native_bf16, fidelity, resolve_precision

@@ -16,7 +16,7 @@ from typing import Any
 
 from benchmarks.throughput.rollout_drivers import VLLM_MISSING, cpu_seconds, suite_vllm
 
-__all__ = ["PHASES", "linear_shapes", "phase_batch", "run_phase"]
+__all__ = ["OLD_ENGINE", "PHASES", "linear_shapes", "new_engine", "phase_batch", "run_phase"]
 
 PHASES = (
     "gemm",
@@ -40,6 +40,15 @@ PHASES = (
 :mod:`benchmarks.throughput.rollout_drivers`; ``engine_old``, ``eos_engines``, ``fidelity``: the
 engine comparison, :mod:`benchmarks.throughput.rollout_engines`)."""
 
+OLD_ENGINE = {"precision": "float32", "sampler": "multinomial"}
+"""The transformers engine before inverse-CDF sampling and mixed precision (``engine_old``, ``naive``)."""
+
+
+def new_engine(cfg: Any) -> dict[str, str]:
+    """The engine the suite measures (``engine``, ``engine_b64``): its ``precision``, the ``cdf`` sampler."""
+    return {"precision": cfg.precision, "sampler": "cdf"}
+
+
 _BATCHED = re.compile(r"^(?P<base>[a-z0-9_]+?)_b(?P<batch>\d+)$")
 
 
@@ -56,15 +65,12 @@ def phase_batch(name: str, cfg: Any) -> tuple[str, int]:
 
 
 def run_phase(name: str, cfg: Any) -> dict[str, Any]:
-    """Run one phase in this process and return its row."""
+    """Run one phase in this process and return its row (the engine comparison's ``eos_engines``
+    and ``fidelity``: :func:`benchmarks.throughput.rollout_engines.run_engine_phase`)."""
     if name in ("drivers_engine", "drivers_vllm", "dp_engine"):
         from benchmarks.throughput.rollout_drivers import run_eos_phase
 
         return run_eos_phase(name, cfg)
-    if name in ("eos_engines", "fidelity"):
-        from benchmarks.throughput.rollout_engines import run_engine_phase
-
-        return run_engine_phase(name, cfg)
     base, batch = phase_batch(name, cfg)
     if base in ("naive", "engine", "engine_old"):
         return _phase_hf(cfg, naive=base == "naive", batch=batch, old=base == "engine_old")
@@ -144,7 +150,6 @@ def _play(cfg: Any, policy: Any, tokenizer: Any, *, naive: bool, concurrency: in
 def _phase_hf(cfg: Any, *, naive: bool, batch: int, old: bool = False) -> dict[str, Any]:
     import torch
 
-    from benchmarks.throughput.rollout_engines import OLD_ENGINE, new_engine
     from optima_env.backends.hf import TransformersPolicy
 
     torch.set_num_threads(cfg.threads)

@@ -16,6 +16,10 @@ Two decoding paths:
 * **generate**: transformers' ``model.generate`` on left-padded batches (any model; the batch is
   seeded as a whole).
 
+Both sample exactly by inverse CDF (:mod:`optima_env.backends._tokens`) and, for an fp32 model on
+a CPU with native bf16, run the linear layers in bf16 while decoding (``precision="auto"``,
+:mod:`optima_env.backends.precision`); :attr:`TransformersPolicy.engine` records both.
+
 The policy is also a :class:`~optima_env.policy.TurnEngine` (``capacity``, ``submit``, ``poll``):
 on the fast path :class:`~optima_env.backends.hf_stream.StreamingDecoder` runs one batch that
 admits each submitted request into the next free slot (continuous batching); on the generate path

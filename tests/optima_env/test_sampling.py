@@ -90,12 +90,11 @@ def test_inverse_cdf_matches_the_full_vocabulary_multinomial_draw() -> None:
     sampling = SamplingParams(temperature=0.7, seed=0)
     probs = (logits / 0.7).softmax(-1)
     ours = _draw(logits, sampling, "cdf")
-    full = torch.multinomial(probs, ROWS * ROUNDS, replacement=True, generator=torch.Generator().manual_seed(7))
+    draws = dict(num_samples=ROWS * ROUNDS, replacement=True)
+    full = torch.multinomial(probs, **draws, generator=torch.Generator().manual_seed(7))
     stat, critical = _homogeneity(ours, full, probs)
     assert stat < critical
-    off = torch.multinomial(
-        (logits / 0.75).softmax(-1), ROWS * ROUNDS, replacement=True, generator=torch.Generator().manual_seed(7)
-    )
+    off = torch.multinomial((logits / 0.75).softmax(-1), **draws, generator=torch.Generator().manual_seed(7))
     wrong, critical_wrong = _homogeneity(ours, off, probs)
     assert wrong > critical_wrong
 
