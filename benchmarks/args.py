@@ -31,6 +31,7 @@ __all__ = [
     "check_paths",
     "checkpoint_specs",
     "command_line",
+    "hf_options",
     "parse_args",
     "parse_command",
     "task_args",
@@ -77,6 +78,9 @@ class RunArgs:
     `vllm serve MODEL --data-parallel-size N` and use --backend openai --base-url URL)."""
     vllm_gpu_memory_utilization: float = 0.9
     """--backend vllm: share of each GPU's memory vLLM may take (on CPUs: of host memory)."""
+    precision: str = "auto"
+    """--backend hf: decode precision of an fp32 model on CPU: auto (bf16 linear layers where the CPU
+    has native bf16, fp32 elsewhere), float32 or bfloat16 (optima_env.backends.precision)."""
     episodes: int | None = None
     """Instances per task (the first N of the split; default: the suite's)."""
     split: str = "test"
@@ -131,6 +135,11 @@ class RunArgs:
         _at_least("viewer_limit", self.viewer_limit, 0)
         for name in ("temperature", "sc_temperature", "scaling_temperature"):
             _at_least(name, getattr(self, name), 0.0)
+        from optima_env.backends.precision import PRECISIONS
+
+        if self.precision not in PRECISIONS:
+            choices = ", ".join(PRECISIONS)
+            raise RunConfigError(f"--precision must be one of {choices}, got {self.precision!r}")
         if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
             raise RunConfigError(
                 f"--vllm-gpu-memory-utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}"
@@ -166,6 +175,11 @@ def vllm_options(args: RunArgs, backend: str) -> dict[str, Any]:
         "data_parallel_size": args.vllm_data_parallel_size,
         "gpu_memory_utilization": args.vllm_gpu_memory_utilization,
     }
+
+
+def hf_options(args: RunArgs, backend: str) -> dict[str, Any]:
+    """The transformers engine's options from the flags (``--precision``; ``--backend hf`` only)."""
+    return {"precision": args.precision} if backend == "hf" else {}
 
 
 def bench_config(args: RunArgs) -> BenchConfig:

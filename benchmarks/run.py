@@ -60,6 +60,7 @@ from benchmarks.args import (
     check_paths,
     checkpoint_specs,
     command_line,
+    hf_options,
     parse_args,
     parse_command,
     task_args,
@@ -82,7 +83,16 @@ from optima_env.io import write_json_atomic, write_text_atomic
 from optima_env.paths import folder_lock
 from optima_trainers.host.provenance import git_commit
 
-__all__ = ["REPO_README", "RunArgs", "RunConfigError", "main", "parse_args", "run", "vllm_options"]
+__all__ = [
+    "REPO_README",
+    "RunArgs",
+    "RunConfigError",
+    "hf_options",
+    "main",
+    "parse_args",
+    "run",
+    "vllm_options",
+]
 
 logger = logging.getLogger("benchmarks.run")
 REPO_README = Path(__file__).resolve().parents[1] / "README.md"
@@ -164,7 +174,9 @@ def _previous_invocations(out: Path) -> list[dict[str, Any]]:
 def _run_rollout_suite(args: RunArgs, out: Path) -> dict[str, Any]:
     from benchmarks.throughput import rollout_bench
 
-    result = rollout_bench.run_rollout_suite(out_dir=out, model=args.model, seed=args.seed)
+    result = rollout_bench.run_rollout_suite(
+        out_dir=out, model=args.model, seed=args.seed, precision=args.precision
+    )
     print(json.dumps(result, indent=2, default=str))
     return result
 
@@ -246,9 +258,9 @@ def _throughput(args: RunArgs, suite: Any, out: Path) -> dict[str, Any]:
         out / "command.txt", " ".join(command_line(dataclasses.replace(args, out=str(out)))) + "\n"
     )
     if args.update_readme:
-        from benchmarks.reports.readme import performance_block, replace_block
+        from benchmarks.reports.readme import SUITES, performance_block, replace_block
 
-        folders = {s: REPO_README.parent / "benchmarks" / "results" / s for s in ("rollout", "loop")}
+        folders = {s: REPO_README.parent / "benchmarks" / "results" / s for s in SUITES}
         replace_block(REPO_README, "performance", performance_block({**folders, suite.name: out}))
     return result
 
@@ -357,6 +369,7 @@ def _play_and_report(
         "task_kwargs": {k: dict(v) for k, v in suite.task_kwargs.items()},
         **({"task_args": task_args(args.task_arg)} if args.task_arg else {}),
         **{f"checkpoint:{k}": v for k, v in checkpoints.items()},
+        **hf_options(args, backend),
     }
     _check_resume(out, identity)
     store = EpisodeStore(out / "episodes.jsonl")
@@ -367,7 +380,8 @@ def _play_and_report(
         concurrency=_concurrency(args, suite),
         backend=backend, default_model=args.model,
         policy_options={"base_urls": args.base_url, "api_key_env": args.api_key_env or None,
-                        "tokenizer": args.tokenizer, **vllm_options(args, backend)},
+                        "tokenizer": args.tokenizer, **vllm_options(args, backend),
+                        **hf_options(args, backend)},
     )  # fmt: skip
 
     wall = round(time.time() - started, 1)

@@ -53,7 +53,7 @@ from benchmarks.demo.clock import InvocationClock
 from benchmarks.demo.control import control_label
 from benchmarks.demo.plots import write_plots
 from benchmarks.demo.report import readme_block, summarize, write_pages
-from benchmarks.demo.tasks import DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
+from benchmarks.demo.tasks import DEMO_ENGINE, DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
 from benchmarks.demo.train import (
     TrainedRun,
     adapter_dir,
@@ -219,7 +219,7 @@ def play_folder(
     resumed, started, wall_started = len(store), time.perf_counter(), time.time()
     play_methods(
         methods, [entry], store, settings=settings, split=spec.eval_split, concurrency=concurrency,
-        backend="hf", default_model=spec.model,
+        backend="hf", default_model=spec.model, policy_options=DEMO_ENGINE,
     )  # fmt: skip
     if len(store) > resumed or not timing.is_file():
         spent += time.perf_counter() - started

@@ -16,13 +16,29 @@ from typing import Any
 from benchmarks.evaluation.methods import PlaySettings
 from optima_env.errors import TaskContractError
 
-__all__ = ["DEMO_TASKS", "MAIN_TASK", "TRAINERS", "DemoTask", "eval_settings", "stage_label", "trainer_label"]
+__all__ = [
+    "DEMO_ENGINE",
+    "DEMO_TASKS",
+    "MAIN_TASK",
+    "TRAINERS",
+    "DemoTask",
+    "eval_settings",
+    "stage_label",
+    "trainer_label",
+]
 
 TRAINERS: tuple[str, ...] = ("isft", "idpo", "isft-dpo")
 """The three Optima variants, trained on every demo task (table order)."""
 
 STAGE_INSTANCES = 30
 """Default of :attr:`DemoTask.stage_instances` (the departures quote it)."""
+
+DEMO_ENGINE: dict[str, str] = {"precision": "float32", "sampler": "multinomial"}
+"""The transformers engine the demo evaluates with: the one its committed episodes were generated
+with (fp32, per-row ``torch.multinomial``), so a rerun goes on with them instead of refusing to mix
+engines (:func:`benchmarks.evaluation.units.check_engine`). The main command decodes with
+``--precision auto`` (bf16 linear layers on this CPU, which pass the fidelity check of
+``benchmarks/results/rollout_engines``); the demo keeps its committed numbers reproducible."""
 
 _LABELS = {"isft": "iSFT", "idpo": "iDPO", "isft-dpo": "iSFT-DPO"}
 
@@ -159,10 +175,13 @@ _COMMON_TRAIN: dict[str, Any] = {
     "selection.min_task_score": 1e-9,
     "sft.learning_rate": 2e-4,
     "sft.epochs": 2,
+    "generation.precision": DEMO_ENGINE["precision"],
+    "generation.sampler": DEMO_ENGINE["sampler"],
 }
 """Training overrides every demo task shares: sampling at T=0.5 in every iteration, the Eq. 1
 reward with selection among conversations with some credit and theta_sft off (see the
-departures), and LoRA's learning rate and epochs."""
+departures), LoRA's learning rate and epochs, and the engine its training records were made with
+(:data:`DEMO_ENGINE`)."""
 
 _HOTPOTQA_PAIRS: dict[str, Any] = {"tree.instances": 16, "tree.theta_filter": -1.0, "tree.theta_diff": 0.05}
 """HotpotQA's trees for iDPO and iSFT-DPO: more of them, and the synthetic task's pair thresholds

@@ -76,6 +76,10 @@ class EpisodeStore:
     def get(self, key: UnitKey) -> Episode | None:
         return self._episodes.get(key)
 
+    def items(self) -> Iterable[tuple[UnitKey, Episode]]:
+        """Every ``(unit key, episode)`` held."""
+        return self._episodes.items()
+
     def select(
         self, method: str, task_id: str, instances: Iterable[int], samples: int
     ) -> list[list[Episode]]:

@@ -29,12 +29,19 @@ from optima_env.io import read_episodes, write_json_atomic, write_text_atomic
 __all__ = ["run_loop_suite"]
 
 BACKENDS = {
+    "hf_old": {
+        "generation.backend": "hf",
+        "readability_scorer": "transformers",
+        "generation.precision": "float32",
+        "generation.sampler": "multinomial",
+    },
     "hf": {"generation.backend": "hf", "readability_scorer": "transformers"},
     "ct2": {"generation.backend": "ct2", "readability_scorer": "ct2", "generation.compute_type": "int8"},
 }
 STAGES = {"isft": "iter_00", "idpo": "iter_01"}
 LABELS = {
-    "hf": "transformers (fast path) + transformers readability",
+    "hf_old": "transformers, the engine before (fp32, multinomial) + transformers readability",
+    "hf": "transformers (fast path, precision auto, cdf sampler) + transformers readability",
     "ct2": "CTranslate2 int8 + ct2 fp32 readability",
 }
 
@@ -111,7 +118,9 @@ def _sft_alone(run: Path, *, model: str, seed: int) -> float:
     return time.perf_counter() - started
 
 
-def _table(rows: list[dict[str, Any]], ratios: dict[str, float], sft: dict[str, float]) -> str:
+def _table(
+    rows: list[dict[str, Any]], ratios: dict[str, float], sft: dict[str, float], speedups: dict[str, float]
+) -> str:
     phases = sorted(
         {p for r in rows for p in r["phases"]},
         key=["generate", "score", "select", "normalizer", "mcts", "train"].index,
@@ -123,8 +132,12 @@ def _table(rows: list[dict[str, Any]], ratios: dict[str, float], sft: dict[str, 
         lines.append(
             f"| {r['trainer']} | {r['stage']} | {LABELS[r['backend']]} | {cells} | {r['total_s']:.1f} |"
         )
-    lines += ["", "| ratio (transformers / CTranslate2, same run) | value |", "|---|---|"]
-    lines += [f"| {k} | {v:.2f}x |" for k, v in ratios.items()]
+    if ratios:
+        lines += ["", "| ratio (transformers / CTranslate2, same run) | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.2f}x |" for k, v in ratios.items()]
+    if speedups:
+        lines += ["", "| speedup (the engine before / today's transformers engine, time, same run) | value |"]
+        lines += ["|---|---|"] + [f"| {k} | {v:.2f}x |" for k, v in speedups.items()]
     if sft:
         lines += [
             "",
@@ -136,13 +149,20 @@ def _table(rows: list[dict[str, Any]], ratios: dict[str, float], sft: dict[str, 
     return "\n".join(lines) + "\n"
 
 
-def run_loop_suite(out_dir: str | Path, *, model: str = "embedded", seed: int = 0) -> dict[str, Any]:
-    """Run (or resume) the suite into ``out_dir``; returns the results dict (also ``results.json``)."""
+def run_loop_suite(
+    out_dir: str | Path,
+    *,
+    model: str = "embedded",
+    seed: int = 0,
+    backends: tuple[str, ...] = tuple(BACKENDS),
+) -> dict[str, Any]:
+    """Run (or resume) the suite into ``out_dir`` with ``backends`` (of :data:`BACKENDS`; ``hf``
+    among them); returns the results dict (also ``results.json``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     rows = []
-    for backend in BACKENDS:
+    for backend in backends:
         for trainer, stage in STAGES.items():
             timings = _train(out / backend / trainer, trainer, backend, model=model, seed=seed)
             for name, phases in timings.items():
@@ -151,19 +171,8 @@ def run_loop_suite(out_dir: str | Path, *, model: str = "embedded", seed: int = 
                      "total_s": sum(phases.values()), "measured": name == stage}
                 )  # fmt: skip
     measured = {(r["backend"], r["trainer"]): r for r in rows if r["measured"]}
-    ratios = {
-        f"one {trainer} iteration ({stage}), end to end": measured[("hf", trainer)]["total_s"]
-        / measured[("ct2", trainer)]["total_s"]
-        for trainer, stage in STAGES.items()
-    }
-    for phase in ("generate", "score", "mcts", "normalizer"):
-        for trainer in STAGES:
-            a, b = (
-                measured[("hf", trainer)]["phases"].get(phase),
-                measured[("ct2", trainer)]["phases"].get(phase),
-            )
-            if a and b:
-                ratios[f"{trainer} {phase} phase"] = a / b
+    ratios = _ratios(measured, "hf", "ct2") if "ct2" in backends else {}
+    speedups = _ratios(measured, "hf_old", "hf") if "hf_old" in backends else {}
     sft_path = out / "sft_alone.json"
     if not sft_path.is_file():
         hf_isft = out / "hf" / "isft"
@@ -180,14 +189,15 @@ def run_loop_suite(out_dir: str | Path, *, model: str = "embedded", seed: int = 
         "model": model,
         "rows": rows,
         "ratios": ratios,
+        "speedups": speedups,
         "sft": sft,
         "compute_s": sum(r["total_s"] for r in rows) + sft["sft_alone_s"],
         "wall_time_s_this_invocation": time.time() - started,
     }
     write_json_atomic(out / "results.json", results)
-    table = _table(rows, ratios, sft)
+    table = _table(rows, ratios, sft, speedups)
     header = (
-        "Training loop per phase: ie/synth-v0, cpu profile, one iteration each, the two engines side by side "
+        "Training loop per phase: ie/synth-v0, cpu profile, one iteration each, the engines side by side "
         f"in one run. Compute accounted: {results['compute_s'] / 60:.1f} min "
         "(phase times summed over resumes).\n\n"
     )
@@ -195,6 +205,21 @@ def run_loop_suite(out_dir: str | Path, *, model: str = "embedded", seed: int = 
     _plot(out / "loop.png", measured)
     print(header + table)
     return results
+
+
+def _ratios(measured: dict[tuple[str, str], dict[str, Any]], a: str, b: str) -> dict[str, float]:
+    """Time of engine ``a`` over engine ``b``: each iteration end to end, and its generation phases."""
+    ratios = {
+        f"one {trainer} iteration ({stage}), end to end": measured[(a, trainer)]["total_s"]
+        / measured[(b, trainer)]["total_s"]
+        for trainer, stage in STAGES.items()
+    }
+    for phase in ("generate", "score", "mcts", "normalizer"):
+        for trainer in STAGES:
+            x, y = measured[(a, trainer)]["phases"].get(phase), measured[(b, trainer)]["phases"].get(phase)
+            if x and y:
+                ratios[f"{trainer} {phase} phase"] = x / y
+    return ratios
 
 
 def _plot(path: Path, measured: dict[tuple[str, str], dict[str, Any]]) -> None:

@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.throughput.rollout_drivers import EOS_FIELDS, EOS_PHASES
+from benchmarks.throughput.rollout_engines import ENGINE_PHASES, run_engine_phase
 from benchmarks.throughput.rollout_phases import PHASES, run_phase
 from benchmarks.throughput.rollout_report import plot, summarize
 from optima_env.cli_support import (
@@ -143,6 +144,12 @@ class SuiteConfig:
     tag, as the demo trains (``stop_at_speaker_tags``)."""
     dp_processes: int = 2
     """Processes of the data-parallel layout (``dp_engine``), against one."""
+    precision: str = "auto"
+    """Decode precision of the transformers engine's new rows (``engine``, ``engine_b64``, the new
+    engine of ``eos_engines``): ``auto``, ``float32`` or ``bfloat16`` (``engine_old`` and the naive
+    loop play fp32 with the ``multinomial`` sampler, the engine before; EOS driver phases: fp32)."""
+    fidelity_episodes: int = 16
+    """Episodes whose conversations the ``fidelity`` phase teacher-forces."""
 
 
 def _run_phase(name: str, cfg: SuiteConfig, result_path: Path) -> None:
@@ -167,7 +174,7 @@ def _run_phase(name: str, cfg: SuiteConfig, result_path: Path) -> None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        result = run_phase(name, cfg)
+        result = run_engine_phase(name, cfg) if name in ENGINE_PHASES else run_phase(name, cfg)
     finally:
         stop.set()
         sampler.join()
@@ -237,7 +244,7 @@ def run_rollout_suite(
 def _read_by(name: str, config: Any) -> Any:
     """The settings phase ``name`` reads: all of them for the EOS phases, the others without the
     EOS workload's fields (so adding or changing those does not invalidate their saved results)."""
-    if name in EOS_PHASES or not isinstance(config, dict):
+    if name in (*EOS_PHASES, "eos_engines") or not isinstance(config, dict):
         return config
     return {k: v for k, v in config.items() if k not in EOS_FIELDS}
 
@@ -298,12 +305,17 @@ def _main(argv: list[str]) -> None:
         "eos_concurrency",
         "eos_max_new_tokens",
         "eos_threads",
+        "fidelity_episodes",
     ):
         if getattr(cfg, name) < 1:
             flag = flag_name(name)
             raise RunConfigError(
                 f"{flag} must be at least 1, got {getattr(cfg, name)}; pass {flag} 1 or more"
             )
+    from optima_env.backends.precision import PRECISIONS
+
+    if cfg.precision not in PRECISIONS:
+        raise RunConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
     if cfg.dp_processes < 2:
         raise RunConfigError(
             f"--dp-processes must be at least 2 (compared against one process), got {cfg.dp_processes}"

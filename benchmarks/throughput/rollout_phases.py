@@ -16,12 +16,13 @@ from typing import Any
 
 from benchmarks.throughput.rollout_drivers import VLLM_MISSING, cpu_seconds, suite_vllm
 
-__all__ = ["PHASES", "linear_shapes", "phase_batch", "run_phase"]
+__all__ = ["OLD_ENGINE", "PHASES", "linear_shapes", "new_engine", "phase_batch", "run_phase"]
 
 PHASES = (
     "gemm",
     "roofline",
     "naive",
+    "engine_old",
     "engine",
     "engine_b64",
     "vllm",
@@ -32,9 +33,21 @@ PHASES = (
     "drivers_engine",
     "drivers_vllm",
     "dp_engine",
+    "eos_engines",
+    "fidelity",
 )
-"""Every phase, in the order the suite runs them (the last three: the EOS workload,
-:mod:`benchmarks.throughput.rollout_drivers`)."""
+"""Every phase, in the order the suite runs them (``drivers_*``, ``dp_engine``: the EOS workload,
+:mod:`benchmarks.throughput.rollout_drivers`; ``engine_old``, ``eos_engines``, ``fidelity``: the
+engine comparison, :mod:`benchmarks.throughput.rollout_engines`)."""
+
+OLD_ENGINE = {"precision": "float32", "sampler": "multinomial"}
+"""The transformers engine before inverse-CDF sampling and mixed precision (``engine_old``, ``naive``)."""
+
+
+def new_engine(cfg: Any) -> dict[str, str]:
+    """The engine the suite measures (``engine``, ``engine_b64``): its ``precision``, the ``cdf`` sampler."""
+    return {"precision": cfg.precision, "sampler": "cdf"}
+
 
 _BATCHED = re.compile(r"^(?P<base>[a-z0-9_]+?)_b(?P<batch>\d+)$")
 
@@ -52,14 +65,15 @@ def phase_batch(name: str, cfg: Any) -> tuple[str, int]:
 
 
 def run_phase(name: str, cfg: Any) -> dict[str, Any]:
-    """Run one phase in this process and return its row."""
+    """Run one phase in this process and return its row (the engine comparison's ``eos_engines``
+    and ``fidelity``: :func:`benchmarks.throughput.rollout_engines.run_engine_phase`)."""
     if name in ("drivers_engine", "drivers_vllm", "dp_engine"):
         from benchmarks.throughput.rollout_drivers import run_eos_phase
 
         return run_eos_phase(name, cfg)
     base, batch = phase_batch(name, cfg)
-    if base in ("naive", "engine"):
-        return _phase_hf(cfg, naive=base == "naive", batch=batch)
+    if base in ("naive", "engine", "engine_old"):
+        return _phase_hf(cfg, naive=base == "naive", batch=batch, old=base == "engine_old")
     if base == "vllm":
         return _phase_vllm(cfg, batch)
     if base.startswith("ct2_"):
@@ -133,7 +147,7 @@ def _play(cfg: Any, policy: Any, tokenizer: Any, *, naive: bool, concurrency: in
 
 
 # -- the backends ---------------------------------------------------------------------------------
-def _phase_hf(cfg: Any, *, naive: bool, batch: int) -> dict[str, Any]:
+def _phase_hf(cfg: Any, *, naive: bool, batch: int, old: bool = False) -> dict[str, Any]:
     import torch
 
     from optima_env.backends.hf import TransformersPolicy
@@ -141,7 +155,11 @@ def _phase_hf(cfg: Any, *, naive: bool, batch: int) -> dict[str, Any]:
     torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
     policy = TransformersPolicy.from_pretrained(
-        cfg.model, dtype="float32", batch_size=1 if naive else batch, fast=not naive
+        cfg.model,
+        dtype="float32",
+        batch_size=1 if naive else batch,
+        fast=not naive,
+        **(OLD_ENGINE if old or naive else new_engine(cfg)),
     )
     load = time.perf_counter() - started
     result = _play(cfg, policy, policy.tokenizer, naive=naive, concurrency=batch)
@@ -150,6 +168,7 @@ def _phase_hf(cfg: Any, *, naive: bool, batch: int) -> dict[str, Any]:
         **result,
         "startup_s": load,
         "backend": "transformers generate, batch 1" if naive else "transformers fast path",
+        "engine": policy.engine,
         "prefill_share": stats.prefilled_tokens / max(1, stats.prompt_tokens),
     }
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.throughput.rollout_drivers import EOS_PHASES
+from benchmarks.throughput.rollout_engines import ENGINE_PHASES, engines_text
 from benchmarks.throughput.rollout_eos_report import eos_table, eos_targets
 from benchmarks.throughput.rollout_eos_report import fmt as _fmt
 from benchmarks.throughput.rollout_eos_report import pct as _pct
@@ -28,7 +29,7 @@ def summarize(cfg: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
     rows = []
     for name, r in results.items():
         row = {"phase": name, **r}
-        if name in EOS_PHASES:
+        if name in (*EOS_PHASES, *ENGINE_PHASES):
             rows.append(row)
             continue
         if name not in ("roofline", "gemm"):
@@ -64,8 +65,10 @@ def summarize(cfg: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
         "ct2_float32_of_gemm_limit_target": 0.5,
         **eos_targets(results),
     }
-    fixed = [r for r in rows if r["phase"] not in EOS_PHASES]
+    fixed = [r for r in rows if r["phase"] not in (*EOS_PHASES, *ENGINE_PHASES)]
     table = (_table(cfg, fixed, targets) if fixed else "") + eos_table(cfg, results, targets)
+    engines = engines_text(results)
+    table += ("\n" + engines) if engines else ""
     return {"config": cfg, "phases": rows, "targets": targets, "table": table}
 
 

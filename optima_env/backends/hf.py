@@ -16,6 +16,10 @@ Two decoding paths:
 * **generate**: transformers' ``model.generate`` on left-padded batches (any model; the batch is
   seeded as a whole).
 
+Both sample exactly by inverse CDF (:mod:`optima_env.backends._tokens`) and, for an fp32 model on
+a CPU with native bf16, run the linear layers in bf16 while decoding (``precision="auto"``,
+:mod:`optima_env.backends.precision`); :attr:`TransformersPolicy.engine` records both.
+
 The policy is also a :class:`~optima_env.policy.TurnEngine` (``capacity``, ``submit``, ``poll``):
 on the fast path :class:`~optima_env.backends.hf_stream.StreamingDecoder` runs one batch that
 admits each submitted request into the next free slot (continuous batching); on the generate path
@@ -24,8 +28,9 @@ admits each submitted request into the next free slot (continuous batching); on 
 
 from __future__ import annotations
 
+import contextlib
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +38,9 @@ import numpy as np
 
 from optima_env.backends import _kv
 from optima_env.backends._kv import decode_roofline
-from optima_env.backends._tokens import cached_ids, has_stop, sample_next
+from optima_env.backends._tokens import cached_ids, check_sampler, has_stop, sample_next
 from optima_env.backends.hf_stream import StreamingDecoder
+from optima_env.backends.precision import Bf16Linears, check_precision, engine_record, resolve_precision
 from optima_env.errors import BackendError, TaskContractError, require
 from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
 
@@ -96,6 +102,11 @@ class TransformersPolicy:
             (continuous batching): a queued request joins only while every running row, run to
             its ``max_new_tokens``, still fits. A request that alone needs more runs alone.
             While the buffer is reallocated the old one lives too, so the peak is up to twice this.
+        precision: decode precision of an fp32 model on CPU (:mod:`optima_env.backends.precision`):
+            ``auto`` (bf16 linear layers where the CPU has native bf16, else fp32), ``float32`` or
+            ``bfloat16``; the resolved one is :attr:`precision`. The model's weights are not changed.
+        sampler: ``cdf`` (exact inverse-CDF sampling, the default) or ``multinomial`` (replays
+            episodes recorded before it; :data:`~optima_env.backends._tokens.SAMPLERS`).
     """
 
     def __init__(
@@ -107,6 +118,8 @@ class TransformersPolicy:
         fast: bool | None = None,
         prefix_cache_mb: int = 2048,
         kv_cache_mb: float = 4096,
+        precision: str = "auto",
+        sampler: str = "cdf",
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise TaskContractError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -114,6 +127,11 @@ class TransformersPolicy:
             raise TaskContractError(f"kv_cache_mb must be a number > 0 (MiB), got {kv_cache_mb!r}")
         self.kv_cache_mb = kv_cache_mb
         self.model = model
+        self.sampler = check_sampler(sampler)
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.precision = resolve_precision(check_precision(precision), dtype=dtype, device=model.device.type)
+        """The precision the linear layers decode in (``precision`` resolved for this model and CPU)."""
+        self._linears = Bf16Linears(model) if self.precision != dtype else None
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
@@ -145,13 +163,31 @@ class TransformersPolicy:
         from optima_env.backends.peft_adapter import is_adapter, load_merged
         from optima_env.models import load_model
 
-        names = ("batch_size", "fast", "prefix_cache_mb", "kv_cache_mb")
+        names = ("batch_size", "fast", "prefix_cache_mb", "kv_cache_mb", "precision", "sampler")
         own = {k: kwargs.pop(k) for k in names if k in kwargs}
         load = load_merged if is_adapter(name_or_path) else load_model
         model, tokenizer = load(name_or_path, **kwargs)
         return cls(model, tokenizer, **own)
 
     # -- public ---------------------------------------------------------------------------------
+    @property
+    def engine(self) -> dict[str, str]:
+        """The engine's numerics as stores record them
+        (:func:`~optima_env.backends.precision.engine_record`)."""
+        return engine_record(self.precision, self.sampler)
+
+    @contextlib.contextmanager
+    def decoding(self, *, fast: bool = True) -> Iterator[None]:
+        """Inference mode, the engine's attention (``fast``) and its precision, while decoding."""
+        torch = require("torch", "train")
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode())
+            if fast:
+                stack.enter_context(_kv.gqa_attention_for(self.model))
+            if self._linears is not None:
+                stack.enter_context(self._linears.active())
+            yield
+
     def clear_cache(self) -> None:
         """Drop the KV states kept across calls (done automatically when the weights change)."""
         if self.prefix_cache is not None:
@@ -239,7 +275,7 @@ class TransformersPolicy:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        with torch.inference_mode():
+        with self.decoding(fast=False):
             generated = self.model.generate(**enc, **kwargs)
         rows = generated[:, enc["input_ids"].shape[1] :].tolist()
         self.stats.prefilled_tokens += int(enc["attention_mask"].sum())
@@ -255,8 +291,7 @@ class TransformersPolicy:
         self, rows: list[np.ndarray], seeds: list[int | None], sampling: SamplingParams
     ) -> list[list[int]]:
         """Generate for one batch of token-id prompts; returns the new tokens of each (no EOS)."""
-        torch = require("torch", "train")
-        with torch.inference_mode(), _kv.gqa_attention_for(self.model):
+        with self.decoding():
             self._share_prefixes(rows)
             return self._run(rows, seeds, sampling)
 
@@ -348,7 +383,8 @@ class TransformersPolicy:
         positions = torch.tensor(info["lengths"], dtype=torch.long, device=device)
         cache = kv.cache()
         for step in range(steps):
-            tokens = sample_next(logits, sampling, generators, self.eos_ids if sampling.ignore_eos else None)
+            suppress = self.eos_ids if sampling.ignore_eos else None
+            tokens = sample_next(logits, sampling, generators, suppress, self.sampler)
             self.stats.decode_steps += 1
             self.stats.slot_steps += self.batch_size
             values = tokens.tolist()

@@ -134,12 +134,12 @@ class StreamingDecoder:
         """
         if not self.queue and not self.rows:
             return []
-        torch = require("torch", "train")
+        require("torch", "train")
         try:
             if not self.policy.fast:
                 done = self._answer_with_generate()
             else:
-                with torch.inference_mode(), _kv.gqa_attention_for(self.policy.model):
+                with self.policy.decoding():
                     done = []
                     while not done:
                         done = self._round()
@@ -279,7 +279,8 @@ class StreamingDecoder:
             if sampling.seed is not None and not sampling.greedy:
                 generators = [self.rows[i].generator for i in index]
             suppress = self.policy.eos_ids if sampling.ignore_eos else None
-            for i, token in zip(index, sample_next(part, sampling, generators, suppress).tolist()):
+            drawn = sample_next(part, sampling, generators, suppress, self.policy.sampler)
+            for i, token in zip(index, drawn.tolist()):
                 tokens[i] = token
         return tokens
 

@@ -101,6 +101,17 @@ class GenerationConfig:
     (:class:`~optima_env.backends.hf.TransformersPolicy`'s ``kv_cache_mb``; a turn waits for a
     slot while the running ones, run to their ``max_new_tokens``, would not fit); ``None``: the
     engine's default."""
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"
+    """``backend="hf"``: the precision an fp32 model decodes in on CPU
+    (:mod:`optima_env.backends.precision`): ``auto`` runs the linear layers in bf16 where the CPU
+    has native bf16 (AVX512_BF16, AMX) and fp32 elsewhere; ``float32`` or ``bfloat16`` force one.
+    Rollouts, trees and baselines use it; training keeps :attr:`TrainConfig.dtype`. Each stage
+    folder records the engine that generated it (``engine.json``) and refuses to resume under another."""
+    sampler: Literal["cdf", "multinomial"] = "cdf"
+    """``backend="hf"``: how the transformers engine samples (:data:`optima_env.backends._tokens.SAMPLERS`):
+    ``cdf`` (exact inverse-CDF sampling, one uniform draw per row) or ``multinomial`` (per-row
+    ``torch.multinomial``: the same distribution, another random stream; replays stages generated
+    before ``cdf``)."""
     vllm_reuse_engine: bool = True
     """``backend="vllm"``: one engine serves the run; each stage's weights are loaded into it in
     place (0.6 s on vLLM-CPU where a new engine takes 19-115 s to start) and, on GPUs, it sleeps
@@ -148,6 +159,7 @@ class GenerationConfig:
             )
         if self.hf_kv_cache_mb is not None:
             check_number("generation.hf_kv_cache_mb", self.hf_kv_cache_mb, low=0.0, low_open=True)
+        check_precision(self.precision)
         check_number(
             "generation.vllm_gpu_memory_utilization",
             self.vllm_gpu_memory_utilization,
@@ -165,9 +177,11 @@ class GenerationConfig:
 
     def policy_options(self) -> dict[str, Any]:
         """The backend's own keyword arguments for :func:`optima_env.backends.loading.load_policy`
-        (``vllm``: its scale switches; ``hf``: :attr:`hf_kv_cache_mb` where set)."""
-        if self.backend == "hf" and self.hf_kv_cache_mb is not None:
-            return {"kv_cache_mb": self.hf_kv_cache_mb}
+        (``vllm``: its scale switches; ``hf``: :attr:`precision`, :attr:`sampler` and
+        :attr:`hf_kv_cache_mb` where set)."""
+        if self.backend == "hf":
+            kv = {} if self.hf_kv_cache_mb is None else {"kv_cache_mb": self.hf_kv_cache_mb}
+            return {"precision": self.precision, "sampler": self.sampler, **kv}
         if self.backend != "vllm":
             return {}
         options: dict[str, Any] = {
@@ -178,6 +192,17 @@ class GenerationConfig:
         if self.vllm_max_num_seqs is not None:
             options["max_num_seqs"] = self.vllm_max_num_seqs
         return options
+
+
+def check_precision(precision: object) -> None:
+    """``generation.precision``: one of :data:`optima_env.backends.precision.PRECISIONS`."""
+    from optima_env.backends.precision import PRECISIONS
+
+    if precision not in PRECISIONS:
+        raise ConfigError(
+            f"generation.precision must be one of {', '.join(PRECISIONS)}, got {precision!r}; e.g. "
+            "--set generation.precision=float32 (fp32 decode) or generation.precision=auto"
+        )
 
 
 def check_driver(driver: object) -> None:

@@ -23,7 +23,7 @@ from optima_env.io import write_json_atomic
 from optima_env.policy import PerAgentPolicy
 from optima_env.task import Task
 from optima_trainers.config.train import TrainConfig
-from optima_trainers.generation.engines import PolicyLoader
+from optima_trainers.generation.engines import PolicyLoader, check_stage_engine
 from optima_trainers.generation.rollouts import GenerationContext, load_readability_scorer
 from optima_trainers.generation.samples import generate_sample_stage
 from optima_trainers.generation.shards import Shard
@@ -139,7 +139,7 @@ class StageGeneration:
             folder=folder,
             seed=stage_seed(cfg.seed, stage.name),
             num_train=self.num_train,
-            load_policy=lambda: self._policy(model),
+            load_policy=lambda: check_stage_engine(self._policy(model), folder),
             release=self._release,
             env_kwargs=self._env_kwargs,
             readability=lambda: self.scorer,

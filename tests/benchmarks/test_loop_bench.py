@@ -22,11 +22,14 @@ def test_the_loop_suite_times_both_engines_per_phase_and_resumes(tmp_path: Path)
     out = tmp_path / "loop"
     results = run_loop_suite(out, model=str(model))
     measured = {(r["backend"], r["trainer"]): r for r in results["rows"] if r["measured"]}
-    assert set(measured) == {("hf", "isft"), ("hf", "idpo"), ("ct2", "isft"), ("ct2", "idpo")}
+    assert set(measured) == {(b, t) for b in ("hf_old", "hf", "ct2") for t in ("isft", "idpo")}
     assert {"generate", "score", "select", "train"} <= set(measured[("ct2", "isft")]["phases"])
     assert {"normalizer", "mcts", "train"} <= set(measured[("hf", "idpo")]["phases"])
     assert measured[("hf", "idpo")]["stage"] == "iter_01"
     assert "one isft iteration (iter_00), end to end" in results["ratios"]
+    assert "one idpo iteration (iter_01), end to end" in results["speedups"]
+    old = json.loads((out / "hf_old" / "isft" / "config.json").read_text())["generation"]
+    assert (old["precision"], old["sampler"]) == ("float32", "multinomial")
     assert results["sft"]["sft_alone_s"] > 0 and results["sft"]["examples"] > 0
     config = json.loads((out / "ct2" / "isft" / "config.json").read_text())
     assert config["generation"]["backend"] == "ct2" and config["readability_scorer"] == "ct2"

@@ -136,11 +136,11 @@ def test_rollout_suite_calls_the_rollout_benchmark(tmp_path, monkeypatch) -> Non
 
     calls = []
 
-    def run_rollout_suite(*, out_dir, model="embedded", seed=0):
-        calls.append((out_dir, model, seed))
+    def run_rollout_suite(*, out_dir, model="embedded", seed=0, precision="auto"):
+        calls.append((out_dir, model, seed, precision))
         return {"speedup": 1.0}
 
     monkeypatch.setattr(rollout_bench, "run_rollout_suite", run_rollout_suite)
     argv = ["--suite", "rollout", "--model", "scripted", "--out", str(tmp_path), "--seed", "3"]
-    result = run(parse_args(argv))
-    assert result == {"speedup": 1.0} and calls == [(tmp_path, "scripted", 3)]
+    result = run(parse_args([*argv, "--precision", "float32"]))
+    assert result == {"speedup": 1.0} and calls == [(tmp_path, "scripted", 3, "float32")]

@@ -117,7 +117,7 @@ def test_a_folder_without_weights_is_rejected(tmp_path) -> None:
 def test_contract_and_equality_with_transformers_on_a_tiny_model(tiny, tiny_folder) -> None:
     check_contract(tiny, chat_requests(5), max_new_tokens=6)
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_folder).eval()
-    reference = TransformersPolicy(model, tiny.tokenizer, fast=False, batch_size=3)
+    reference = TransformersPolicy(model, tiny.tokenizer, fast=False, batch_size=3, precision="float32")
     requests = [conversation(i, i % 3) for i in range(7)]  # uneven prompt lengths
     assert tiny.generate(requests, GREEDY) == reference.generate(requests, GREEDY)
 
@@ -223,7 +223,7 @@ def token_prefix(tokenizer, a: str, b: str) -> int:
 @pytest.mark.slow
 def test_float32_greedy_replies_equal_transformers(embedded, embedded_f32) -> None:
     model, tokenizer = embedded
-    reference = TransformersPolicy(model, tokenizer, fast=False)
+    reference = TransformersPolicy(model, tokenizer, fast=False, precision="float32")
     requests = chat_requests(6)
     for sampling in (
         SamplingParams(temperature=0, max_new_tokens=48),

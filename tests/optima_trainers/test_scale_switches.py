@@ -29,7 +29,8 @@ def test_the_trainer_cli_sets_the_vllm_switches() -> None:
         "--set", "generation.vllm_gpu_memory_utilization=0.5",
     )  # fmt: skip
     assert config.generation.policy_options() == SWITCHES
-    assert trainer_config("--backend", "hf").generation.policy_options() == {}  # not for other backends
+    hf = trainer_config("--backend", "hf").generation.policy_options()
+    assert hf == {"precision": "auto", "sampler": "cdf"}  # the transformers engine's own options
     assert trainer_config("--backend", "vllm").generation.policy_options() == {
         "tensor_parallel_size": 1,
         "data_parallel_size": 1,
@@ -73,7 +74,7 @@ def test_the_transformers_engines_kv_budget_reaches_the_policy_from_the_trainer_
     from optima_env.backends.loading import load_policy
 
     config = trainer_config("--backend", "hf", "--set", "generation.hf_kv_cache_mb=512")
-    assert config.generation.policy_options() == {"kv_cache_mb": 512}
+    assert config.generation.policy_options() == {"precision": "auto", "sampler": "cdf", "kv_cache_mb": 512}
     policy = load_policy("embedded", backend="hf", batch_size=4, **config.generation.policy_options())
     assert policy.kv_cache_mb == 512
     assert load_policy("embedded", backend="hf", batch_size=4).kv_cache_mb == 4096  # the engine's default

@@ -1,0 +1,171 @@
+"""Decode precision of the transformers engine: bf16 linear layers where the CPU has native bf16,
+fp32 elsewhere, the setting from the trainer config and the benchmark CLIs to the engine, and the
+engine records that keep stores made under one engine from being taken for another's.
+
+A tiny randomly initialized Llama with the embedded model's tokenizer; ``auto`` is checked on a CPU
+without bf16 by faking the detection, not the engine.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from optima_env.errors import DataError, TaskContractError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from optima_env.backends import precision  # noqa: E402
+from optima_env.backends.hf import TransformersPolicy  # noqa: E402
+from optima_env.backends.precision import Bf16Linears, resolve_precision  # noqa: E402
+from tests.optima_env.test_backends_hf import tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from optima_env.models import ensure_embedded_model
+
+    return transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
+
+
+@pytest.fixture(scope="module")
+def tiny(tokenizer):
+    return tiny_model(tokenizer)
+
+
+def _forward(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=ids).logits
+
+
+@pytest.mark.parametrize(("native", "resolved"), [(False, "float32"), (True, "bfloat16")])
+def test_auto_decodes_in_bf16_only_where_the_cpu_has_it(tiny, tokenizer, monkeypatch, native, resolved):
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
+    policy = TransformersPolicy(tiny, tokenizer)
+    assert policy.precision == resolved
+    assert policy.engine == {"precision": resolved, "sampler": "cdf"}
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    reference = _forward(tiny, ids)
+    with policy.decoding():
+        inside = tiny(input_ids=ids).logits
+    assert torch.equal(inside, reference) == (resolved == "float32")
+    assert resolve_precision("auto") == resolved
+    assert resolve_precision("auto", dtype="bfloat16") == "bfloat16"  # a bf16 model: its own dtype
+    assert resolve_precision("bfloat16", device="cuda") == "float32"  # a GPU model: its own dtype
+
+
+def test_bf16_linears_compute_in_bf16_and_leave_the_model_as_it_was(tiny) -> None:
+    ids = torch.tensor([[5, 6, 7, 8]])
+    before = _forward(tiny, ids)
+    weights = {name: p.detach().clone() for name, p in tiny.named_parameters()}
+    layer = tiny.model.layers[0].mlp.down_proj
+    x = torch.randn(3, layer.in_features)
+    expected = torch.nn.functional.linear(x.bfloat16(), layer.weight.bfloat16()).float()
+    linears = Bf16Linears(tiny)
+    with torch.inference_mode(), linears.active():
+        assert torch.equal(layer(x), expected)
+        assert tiny.lm_head(torch.ones(1, 64)).dtype == torch.float32
+    assert torch.equal(_forward(tiny, ids), before)  # forwards restored
+    assert all(torch.equal(p, weights[name]) for name, p in tiny.named_parameters())
+    assert "forward" not in layer.__dict__
+
+
+def test_bf16_copies_follow_a_weight_update(tokenizer) -> None:
+    model = tiny_model(tokenizer)
+    linears = Bf16Linears(model)
+    layer = model.model.layers[1].self_attn.o_proj
+    x = torch.randn(2, layer.in_features)
+    with torch.inference_mode(), linears.active():
+        first = layer(x)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # an optimizer step bumps the version counter the same way
+    with torch.inference_mode(), linears.active():
+        second = layer(x)
+    assert torch.equal(second, torch.nn.functional.linear(x.bfloat16(), layer.weight.bfloat16()).float())
+    assert not torch.equal(first, second)
+
+
+def test_bad_settings_are_refused(tiny, tokenizer) -> None:
+    with pytest.raises(TaskContractError, match="precision must be one of auto, float32, bfloat16"):
+        TransformersPolicy(tiny, tokenizer, precision="fp16")
+    with pytest.raises(TaskContractError, match="sampler must be one of cdf, multinomial"):
+        TransformersPolicy(tiny, tokenizer, sampler="gumbel")
+
+
+def test_the_precision_reaches_the_engine_from_the_trainer_config(monkeypatch) -> None:
+    from optima_env.backends.loading import load_policy
+    from optima_env.configtree import ConfigError
+    from tests.optima_trainers.test_scale_switches import trainer_config
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    for setting, resolved in (("float32", "float32"), ("bfloat16", "bfloat16"), ("auto", "float32")):
+        config = trainer_config("--backend", "hf", "--set", f"generation.precision={setting}")
+        options = config.generation.policy_options()
+        assert load_policy("embedded", backend="hf", batch_size=2, **options).precision == resolved
+    assert trainer_config("--backend", "hf").generation.precision == "auto"
+    legacy = trainer_config(
+        "--backend", "hf", "--set", "generation.precision=float32", "--set", "generation.sampler=multinomial"
+    )  # fmt: skip
+    replay = load_policy("embedded", backend="hf", batch_size=2, **legacy.generation.policy_options())
+    assert replay.engine == {"precision": "float32", "sampler": "multinomial"}
+    with pytest.raises(ConfigError, match=r"generation.precision.*one of .auto., .float32., .bfloat16."):
+        trainer_config("--backend", "hf", "--set", "generation.precision=half")
+
+
+def test_the_precision_reaches_the_engine_from_the_benchmark_clis() -> None:
+    from benchmarks.evaluation.policies import load_policy
+    from benchmarks.run import RunConfigError, hf_options, parse_args
+    from benchmarks.throughput import rollout_bench
+    from benchmarks.throughput.rollout_engines import new_engine
+    from optima_env.cli_support import dataclass_from_args
+
+    args = parse_args(["--precision", "float32"])
+    policy, _ = load_policy("embedded", backend="hf", batch_size=2, **hf_options(args, "hf"))
+    assert policy.precision == "float32"
+    assert hf_options(args, "vllm") == {}
+    with pytest.raises(RunConfigError, match="--precision must be one of"):
+        parse_args(["--precision", "int8"])
+    ns = rollout_bench.build_parser().parse_args(["--precision", "bfloat16"])
+    cfg = dataclass_from_args(rollout_bench.SuiteConfig, ns)
+    assert new_engine(cfg) == {"precision": "bfloat16", "sampler": "cdf"}
+
+
+def test_a_stage_folder_refuses_to_resume_under_another_engine(tiny, tokenizer, tmp_path) -> None:
+    from optima_trainers.generation.engines import check_stage_engine
+
+    fp32 = TransformersPolicy(tiny, tokenizer, precision="float32")
+    bf16 = TransformersPolicy(tiny, tokenizer, precision="bfloat16")
+    assert check_stage_engine(bf16, tmp_path) is bf16
+    assert json.loads((tmp_path / "engine.json").read_text()) == {"precision": "bfloat16", "sampler": "cdf"}
+    assert check_stage_engine(bf16, tmp_path) is bf16
+    with pytest.raises(DataError, match=r"generation\.precision=bfloat16 --set generation\.sampler=cdf"):
+        check_stage_engine(fp32, tmp_path)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "episodes.jsonl").write_text("{}\n")  # episodes from before engines were recorded
+    with pytest.raises(DataError, match="'sampler': 'multinomial'"):
+        check_stage_engine(fp32, old)
+    legacy = TransformersPolicy(tiny, tokenizer, precision="float32", sampler="multinomial")
+    assert check_stage_engine(legacy, old) is legacy
+
+
+def test_a_benchmark_store_never_mixes_engines(tiny, tokenizer, tmp_path) -> None:
+    import dataclasses
+
+    from benchmarks.evaluation.methods import PlaySettings, build_methods
+    from benchmarks.evaluation.store import EpisodeStore
+    from benchmarks.evaluation.units import TaskEntry, check_engine
+    from tests.benchmarks.test_methods import _episode
+
+    settings = PlaySettings(max_turns=2, max_new_tokens=8)  # greedy: the sampler does not count
+    method = build_methods(("mad",), {}, settings)[0]
+    entry = TaskEntry(task="t/x-v0")
+    store = EpisodeStore(tmp_path / "episodes.jsonl")
+    meta = {"method": method.key, "instance": 0, "sample": 0}
+    store.add(dataclasses.replace(_episode("a", 1.0), metadata=meta))  # no record: fp32 multinomial
+    check_engine(method, entry, store, TransformersPolicy(tiny, tokenizer, precision="float32"), settings)
+    with pytest.raises(DataError, match="rerun with --precision float32"):
+        bf16 = TransformersPolicy(tiny, tokenizer, precision="bfloat16")
+        check_engine(method, entry, store, bf16, settings)
