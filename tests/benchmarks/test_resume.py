@@ -11,7 +11,7 @@ from benchmarks.evaluation.policies import ReaderPolicy
 from benchmarks.run import RunConfigError
 from optima_env.io import read_episodes
 
-FLAGS = ("--model", "scripted", "--methods", "cot,sc,mad", "--sc-n", "3", "--episodes", "3")
+FLAGS = ("--suite", "smoke", "--model", "scripted", "--methods", "cot,sc,mad", "--sc-n", "3", "--episodes", "3")
 
 
 @pytest.fixture
@@ -102,8 +102,8 @@ def test_a_checkpoint_changed_in_place_is_played_again_not_resumed(bench, tmp_pa
     from tests.optima_trainers.tiny_model import make_tiny_model
 
     folder = make_tiny_model(tmp_path / "ckpt", seed=0)
-    flags = ("--model", "scripted", "--methods", "mad", "--episodes", "2", "--max-new-tokens", "4")
-    flags += ("--checkpoint", f"T={folder}")
+    flags = ("--suite", "smoke", "--model", "scripted", "--methods", "mad", "--episodes", "2")
+    flags += ("--max-new-tokens", "4", "--checkpoint", f"T={folder}")
     first, out = bench(*flags)
     assert first["units"] == {"generated": 4, "resumed": 0}
     (key,) = {m["key"] for m in first["methods"]} - {"mad"}
