@@ -88,7 +88,8 @@ def test_the_kv_cache_is_dropped_when_the_weights_change(tokenizer) -> None:
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(tiny, tokenizer) -> None:
-    policy = TransformersPolicy(tiny, tokenizer, fast=True)
+    """In fp32; bf16 linear layers round differently at other batch shapes (the precision docs)."""
+    policy = TransformersPolicy(tiny, tokenizer, fast=True, precision="float32")
     sampling = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=10, seed=3)
     requests = [conversation(i, 1) for i in range(5)]
     together = policy.generate(requests, sampling)

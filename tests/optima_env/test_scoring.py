@@ -646,6 +646,8 @@ SCORER_CALLS = {
     "gsm8k_equal": lambda p, g: (gsm8k_equal(p, "18"), gsm8k_equal(p, "18", mode="code")),
     "majority_vote": lambda p, g: majority_vote([p, g, g], similarity=exact_match),
     "math_equal": lambda p, g: math_equal(p, g, timeout=2.0),
+    "names_only": lambda p, g: scoring.names_only(p, g or "x", [g or "x", p or "y", "Kariville"]),
+    "named_candidates": lambda p, g: scoring.named_candidates(p, [g, p, "Kariville"]),
     "normalize_answer": lambda p, g: normalize_answer(p),
     "normalize_math_answer": lambda p, g: normalize_math_answer(p),
     "normalize_final_answer": lambda p, g: scoring.normalize_final_answer(p),
@@ -671,6 +673,8 @@ def _check_score(name: str, value: object) -> None:
         assert value is None or isinstance(value, str), name
     elif name in {"normalize_answer", "normalize_math_answer", "normalize_final_answer"}:
         assert isinstance(value, str), name
+    elif name == "named_candidates":
+        assert isinstance(value, list) and all(isinstance(c, str) for c in value), name
     elif name == "cluster_answers":
         assert sorted(i for group in value for i in group) == [0, 1, 2]
     elif name == "majority_vote":
