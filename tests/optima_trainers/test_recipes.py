@@ -33,7 +33,13 @@ def test_every_task_trainer_preset_and_profile_resolves_as_before() -> None:
     ``TrainConfig`` after the capture is not in it, and no recipe of the capture could set it."""
     before = expand(json.loads(FIXTURE.read_text(encoding="utf-8")))
     now = resolve_all()
-    assert sorted(now) == sorted(before)
+    # a task registered after the capture: synth-v1 carries synth-v0's recipes
+    added = {case: config for case, config in now.items() if case.startswith("ie/synth-v1 ")}
+    now = {case: config for case, config in now.items() if case not in added}
+    assert sorted(now) == sorted(before) and added
+    for case, config in added.items():
+        twin = now[case.replace("ie/synth-v1 ", "ie/synth-v0 ")]
+        assert {k: v for k, v in config.items() if k != "task"} == {k: v for k, v in twin.items() if k != "task"}
     missing = "(no such field now)"
     changed = {}
     for case, old in before.items():
