@@ -11,7 +11,8 @@ from benchmarks.evaluation.policies import ReaderPolicy
 from benchmarks.run import RunConfigError
 from optima_env.io import read_episodes
 
-FLAGS = ("--suite", "smoke", "--model", "scripted", "--methods", "cot,sc,mad", "--sc-n", "3", "--episodes", "3")
+FLAGS = ("--suite", "smoke", "--model", "scripted", "--methods", "cot,sc,mad", "--sc-n", "3")
+FLAGS += ("--episodes", "3")
 
 
 @pytest.fixture

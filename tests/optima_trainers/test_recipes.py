@@ -39,7 +39,8 @@ def test_every_task_trainer_preset_and_profile_resolves_as_before() -> None:
     assert sorted(now) == sorted(before) and added
     for case, config in added.items():
         twin = now[case.replace("ie/synth-v1 ", "ie/synth-v0 ")]
-        assert {k: v for k, v in config.items() if k != "task"} == {k: v for k, v in twin.items() if k != "task"}
+        same = {k: v for k, v in config.items() if k != "task"}
+        assert same == {k: v for k, v in twin.items() if k != "task"}
     missing = "(no such field now)"
     changed = {}
     for case, old in before.items():
