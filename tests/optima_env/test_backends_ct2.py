@@ -286,7 +286,8 @@ def test_a_lora_checkpoint_answers_as_under_transformers(tmp_path) -> None:
 
     requests = chat_requests(4)
     sampling = SamplingParams(temperature=0, max_new_tokens=32)
-    expected = TransformersPolicy(merged, tokenizer, fast=False).generate(requests, sampling)
+    reference = TransformersPolicy(merged, tokenizer, fast=False, precision="float32")
+    expected = reference.generate(requests, sampling)
     cache = tmp_path / "ct2"
     for source in (adapter, tmp_path / "checkpoint"):
         policy = CTranslate2Policy.from_pretrained(

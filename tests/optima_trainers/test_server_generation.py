@@ -233,7 +233,7 @@ def test_a_two_stage_isft_run_generates_on_two_vllm_servers_and_survives_one_kil
     assert len(stored) == gen.instances * gen.num_samples  # no episode lost
 
     def greedy_replay(model: Path) -> list:
-        policy = load_policy(str(model), backend="hf", dtype="float32")
+        policy = load_policy(str(model), backend="hf", dtype="float32", precision="float32")
         seed = stage_seed(config.seed, "iter_01")
         episodes = rollout(
             trainer.task, policy,
