@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_COUNTERFACTUAL_MARGIN", "MAX_TOKENS", "MIN_DROP", "MIN_MARGIN", "MIN_SCORE", "shortcut_lines"]
+from benchmarks.demo.control import MAX_TOKENS
+
+__all__ = ["MAX_COUNTERFACTUAL_MARGIN", "MIN_DROP", "MIN_MARGIN", "MIN_SCORE", "shortcut_lines"]
 
 MIN_SCORE = 0.6
 MIN_MARGIN = 0.4
 MAX_COUNTERFACTUAL_MARGIN = 0.1
 MIN_DROP = 0.3
-MAX_TOKENS = 40.0
 
 
 def _verdict(ok: bool) -> str:

@@ -203,6 +203,26 @@ cut at the depth limit keep their current answer, every pair that passes is kept
 about 100 pairs per stage, and DPO at SFT's learning rate and epochs, with a held-out tenth of the
 pairs evaluated each stage (see the departures)."""
 
+_SYNTH_TRAIN: dict[str, Any] = {
+    **_COMMON_TRAIN,
+    "generation.instances": 32,
+    "generation.num_samples": 4,
+    "generation.max_turns": 6,
+    "generation.max_new_tokens": 64,
+    "tree.instances": 16,
+    "tree.selections": 6,
+    "tree.rollouts": 3,
+    "tree.normalizer_instances": 16,
+}
+"""The synthetic task's training settings (synth-v1 changes only the turn cap, see its departures)."""
+
+_SYNTH_TRAINERS: dict[str, dict[str, Any]] = {
+    "isft": {"iterations": 6},
+    "idpo": {"iterations": 3, **_SYNTH_PAIRS},
+    "isft-dpo": {"iterations": 3, **_SYNTH_PAIRS},
+}
+"""The synthetic task's iterations per trainer, and the pair rule of the preference-trained ones."""
+
 _SYNTH_V0_RETIRED = (
     "Retired: this table does not show that training taught the agents to exchange their evidence. "
     "At this setting every distractor of ie/synth-v0 is a city fact, so the answer is always one of "
@@ -223,22 +243,8 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
         task_kwargs={"hops": 2, "style": "small"},
         baselines=("cot", "sc", "mad", "autoform", "one-hand"),
         controls=True,
-        train={
-            **_COMMON_TRAIN,
-            "generation.instances": 32,
-            "generation.num_samples": 4,
-            "generation.max_turns": 6,
-            "generation.max_new_tokens": 48,
-            "tree.instances": 16,
-            "tree.selections": 6,
-            "tree.rollouts": 3,
-            "tree.normalizer_instances": 16,
-        },
-        train_by_trainer={
-            "isft": {"iterations": 6},
-            "idpo": {"iterations": 3, **_SYNTH_PAIRS},
-            "isft-dpo": {"iterations": 3, **_SYNTH_PAIRS},
-        },
+        train={**_SYNTH_TRAIN, "generation.max_new_tokens": 48},
+        train_by_trainer=_SYNTH_TRAINERS,
         eval_instances=100,
         adapter_rank=32,
         target_score_ratio=3.0,
@@ -269,22 +275,8 @@ DEMO_TASKS: tuple[DemoTask, ...] = (
         task="ie/synth-v0",
         retired=_SYNTH_V0_RETIRED,
         task_kwargs={"hops": 2, "num_distractors": 1, "style": "small"},
-        train={
-            **_COMMON_TRAIN,
-            "generation.instances": 32,
-            "generation.num_samples": 4,
-            "generation.max_turns": 6,
-            "generation.max_new_tokens": 64,
-            "tree.instances": 16,
-            "tree.selections": 6,
-            "tree.rollouts": 3,
-            "tree.normalizer_instances": 16,
-        },
-        train_by_trainer={
-            "isft": {"iterations": 6},
-            "idpo": {"iterations": 3, **_SYNTH_PAIRS},
-            "isft-dpo": {"iterations": 3, **_SYNTH_PAIRS},
-        },
+        train=_SYNTH_TRAIN,
+        train_by_trainer=_SYNTH_TRAINERS,
         eval_instances=100,
         adapter_rank=32,
         target_score_ratio=3.0,

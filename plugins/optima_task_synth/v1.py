@@ -122,6 +122,7 @@ class CommunicationChainTask(ChainTask):
 
     metric = METRIC
     num_formats = len(FORMAT_EXAMPLES)
+    _seed_prefix = "optima-synth-v1"
 
     # size: the generator's knobs, sizes, seed and answer reading, keyword arguments with defaults
     def __init__(
@@ -156,7 +157,6 @@ class CommunicationChainTask(ChainTask):
         )  # fmt: skip
         self.hops, self.num_candidates = hops, num_candidates
         self.num_rivals, self.num_distractors = num_rivals, num_distractors
-        self._seed_prefix = "optima-synth-v1"
 
     @property
     def final_holder(self) -> str:
