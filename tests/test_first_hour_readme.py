@@ -9,7 +9,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # runs a real model: the full suite only
 
 
 def readme_code(section: str, contains: str) -> str:

@@ -47,6 +47,7 @@ def tiny(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
+@pytest.mark.slow
 def test_path_flags_are_one_line_and_leave_no_run(tmp_path) -> None:
     (tmp_path / "notamodel").mkdir()
     (tmp_path / "afile").write_text("x", encoding="utf-8")
@@ -71,6 +72,7 @@ def test_path_flags_are_one_line_and_leave_no_run(tmp_path) -> None:
     assert not any((tmp_path / "runs").glob("*/config.json"))
 
 
+@pytest.mark.slow
 def test_an_empty_selection_stops_the_run_with_what_to_change(tmp_path, tiny) -> None:
     proc = train("--model", str(tiny), *TINY_RUN, "--theta-sft", "100", cwd=tmp_path)
     line = one_error_line(proc)
@@ -79,6 +81,7 @@ def test_an_empty_selection_stops_the_run_with_what_to_change(tmp_path, tiny) ->
     assert "it/s" not in proc.stderr and "ep/s" not in proc.stderr  # --no-progress: no bar at all
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_how_to_resume(tmp_path, tiny) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "optima_trainers.train", "--model", str(tiny), *TINY_RUN,
@@ -149,6 +152,7 @@ def test_the_export_cli_answers_bad_flags_in_one_line(tmp_path, tiny) -> None:
     assert "--out 'afile' is a file" in one_error_line(proc)
 
 
+@pytest.mark.slow
 def test_iterations_has_one_meaning_stated_in_help_readme_and_the_first_log_line(tmp_path) -> None:
     """The README's stage lists are what the CLI prints for those commands (``--print-config``
     resolves the run and lists its stages without training), and ``--help`` says how to count."""
@@ -166,6 +170,7 @@ def test_iterations_has_one_meaning_stated_in_help_readme_and_the_first_log_line
     assert "the first being the initialization (so 1 trains the initialization alone)" in usage
 
 
+@pytest.mark.slow
 def test_a_selection_without_task_credit_trains_with_a_warning_naming_the_counts(tmp_path, tiny) -> None:
     """θ_sft low enough to keep the random model's answers: the stage trains, and the log says
     that what it kept got no task credit (the top 70% of 2 instances is 1 trajectory)."""
@@ -179,6 +184,7 @@ def test_a_selection_without_task_credit_trains_with_a_warning_naming_the_counts
     assert (run / "iter_00" / "result.json").is_file() and not (run / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_a_paper_sized_run_of_the_embedded_model_warns_in_one_line(tmp_path, tiny) -> None:
     for profile in ("paper", "paper-full"):
         proc = train("--profile", profile, "--print-config", cwd=tmp_path)
@@ -191,6 +197,7 @@ def test_a_paper_sized_run_of_the_embedded_model_warns_in_one_line(tmp_path, tin
     assert named.returncode == 0 and "WARNING" not in named.stderr, named.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_print_config_resolves_an_uncached_hub_model_offline_with_one_warning(tmp_path) -> None:
     """--print-config loads no model, so it prints a configuration for a model this machine has
     not downloaded; the run itself still refuses that model offline."""

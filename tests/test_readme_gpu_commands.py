@@ -15,7 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # runs a real model: the full suite only
 
 TRAIN = "-m optima_trainers.train "
 GPU_FLAGS = ("--profile paper", "--backend vllm", "--backend openai", "--full-finetune")

@@ -20,19 +20,21 @@ from typing import Any
 
 from benchmarks.demo.tasks import MAIN_TASK, DemoTask, eval_settings, stage_label
 from benchmarks.evaluation.methods import build_methods, with_controls
+from optima_env.configtree import parse_sets
 from optima_trainers.host.provenance import git_commit
 
 __all__ = ["evaluate_probe", "main", "probe_task"]
 
 
-def probe_task(instances: int, eval_instances: int) -> DemoTask:
+def probe_task(instances: int, eval_instances: int, sets: dict[str, str] | None = None) -> DemoTask:
     """The main task's recipe, cut to the probe: iSFT, the initialization and one iteration on
-    ``instances`` training instances, evaluated on ``eval_instances``."""
+    ``instances`` training instances, evaluated on ``eval_instances``; ``sets`` (dotted training
+    fields, as ``--set`` of ``optima-train``) tries another recipe."""
     return dataclasses.replace(
         MAIN_TASK,
         name=f"{MAIN_TASK.name}-probe",
         trainers=("isft",),
-        train={**MAIN_TASK.train, "generation.instances": instances},
+        train={**MAIN_TASK.train, "generation.instances": instances, **(sets or {})},
         train_by_trainer={"isft": {"iterations": 2}},
         eval_instances=eval_instances,
         stage_instances=eval_instances,
@@ -48,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instances", type=int, default=32, help="training instances of each stage")
     parser.add_argument("--eval", type=int, default=30, help="held-out instances of the evaluation")
     parser.add_argument("--train-only", action="store_true", help="train, do not evaluate")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="another recipe: a training field by its dotted name (as optima-train --set)")
     args = parser.parse_args(argv)
-    spec = probe_task(args.instances, args.eval)
+    spec = probe_task(args.instances, args.eval, parse_sets(args.set))
     from benchmarks.demo.train import train_run
     from optima_env.errors import EmptySelectionError
 

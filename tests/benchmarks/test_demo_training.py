@@ -17,6 +17,8 @@ from optima_env.errors import DataError  # noqa: E402
 from optima_trainers.host.checkpoint import manifest_entries  # noqa: E402
 from tests.optima_trainers.tiny_model import make_tiny_model  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs a real model: the full suite only
+
 SMALL = {
     "generation.instances": 2, "generation.num_samples": 2, "generation.max_turns": 2,
     "generation.max_new_tokens": 8, "generation.concurrency": 4, "generation.backend": "hf",

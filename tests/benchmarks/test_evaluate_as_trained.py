@@ -15,6 +15,8 @@ import pytest
 from tests.helpers import REPO_ROOT
 from tests.optima_trainers.tiny_model import make_tiny_model
 
+pytestmark = pytest.mark.slow  # runs a real model: the full suite only
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
        "PYTHONPATH": os.pathsep.join((str(REPO_ROOT), str(REPO_ROOT / "plugins")))}  # fmt: skip
 

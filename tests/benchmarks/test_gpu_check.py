@@ -12,6 +12,8 @@ pytest.importorskip("trl")
 
 from benchmarks.throughput.gpu_check import PHASES, PLANS, SHAPES, Recorder, engine_check, main
 
+pytestmark = pytest.mark.slow  # runs a real model: the full suite only
+
 
 def llama_parameters(shape: dict[str, int], vocab: int) -> int:
     """Parameters of a Llama model with untied embeddings, counted from its shape."""

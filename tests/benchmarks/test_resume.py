@@ -99,6 +99,7 @@ def test_written_results_are_kept_only_while_they_hold_the_same_rows_and_files(b
     assert written_results(out / "nowhere", played) is None
 
 
+@pytest.mark.slow
 def test_a_checkpoint_changed_in_place_is_played_again_not_resumed(bench, tmp_path) -> None:
     from tests.optima_trainers.tiny_model import make_tiny_model
 

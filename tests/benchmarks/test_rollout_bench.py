@@ -187,6 +187,7 @@ def tiny_model(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
+@pytest.mark.slow
 def test_the_eos_phases_play_the_same_jobs_under_both_drivers_and_layouts(tmp_path, tiny_model) -> None:
     summary = run_rollout_suite(
         out_dir=tmp_path, model=str(tiny_model), phases=("drivers_engine", "dp_engine"), **EOS_TINY

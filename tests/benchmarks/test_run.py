@@ -93,6 +93,7 @@ def test_unknown_suite_and_method_are_clear_errors(tmp_path) -> None:
 
 
 @pytest.mark.skipif("ie/hotpotqa-v0" not in list_tasks(), reason="the HotpotQA task plugin is not installed")
+@pytest.mark.slow
 def test_a_task_without_data_is_reported_and_fails_the_command_unless_allowed(tmp_path) -> None:
     """The run goes on and writes its outputs with the task's ``data missing`` row, then exits 2 with
     one line naming the task, so a script does not take it for success; ``--allow-missing`` exits 0."""
@@ -122,6 +123,7 @@ def test_a_task_without_data_is_reported_and_fails_the_command_unless_allowed(tm
     assert alone.returncode == 2 and "got 1 of 1 not evaluated" in alone.stderr, alone.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_reward_weights_and_task_thresholds_are_set_from_the_command_line(tmp_path) -> None:
     """``--set reward.NAME=VALUE`` reaches the reward of every episode, typed; a bad name fails first."""
     default, tuned = tmp_path / "default", tmp_path / "tuned"

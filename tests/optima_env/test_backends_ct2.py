@@ -50,6 +50,8 @@ from optima_env.backends.ct2 import CTranslate2Policy  # noqa: E402
 from optima_env.backends.ct2_readability import CTranslate2LMLoss  # noqa: E402
 from optima_env.backends.hf import TransformersPolicy  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs a real model: the full suite only
+
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
 
 
@@ -220,7 +222,6 @@ def token_prefix(tokenizer, a: str, b: str) -> int:
     return next((k for k in range(min(len(x), len(y))) if x[k] != y[k]), min(len(x), len(y)))
 
 
-@pytest.mark.slow
 def test_float32_greedy_replies_equal_transformers(embedded, embedded_f32) -> None:
     model, tokenizer = embedded
     reference = TransformersPolicy(model, tokenizer, fast=False, precision="float32")
@@ -236,7 +237,6 @@ def test_float32_greedy_replies_equal_transformers(embedded, embedded_f32) -> No
         assert got == expected
 
 
-@pytest.mark.slow
 def test_int8_contract_and_speaker_stops_in_a_rollout(embedded_int8) -> None:
     from optima_env import make_task
     from optima_env.rollout import make_jobs, rollout
@@ -261,7 +261,6 @@ def test_int8_contract_and_speaker_stops_in_a_rollout(embedded_int8) -> None:
         assert episode.num_tokens == sum(len(tokenizer.tokenize(t.text)) for t in episode.turns)
 
 
-@pytest.mark.slow
 def test_a_lora_checkpoint_answers_as_under_transformers(tmp_path) -> None:
     peft = pytest.importorskip("peft")
     from optima_env.models import load_model
@@ -298,7 +297,6 @@ def test_a_lora_checkpoint_answers_as_under_transformers(tmp_path) -> None:
     assert base_policy.generate(requests, sampling) != expected, "the adapter changed nothing"
 
 
-@pytest.mark.slow
 def test_readability_through_ct2_against_fp32_transformers(embedded, embedded_int8) -> None:
     """The measurement quoted in ``optima_env.backends.ct2_readability``'s docstring."""
     from optima_env import make_task

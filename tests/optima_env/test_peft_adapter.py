@@ -53,6 +53,7 @@ def _logits(model, ids):
         return model(torch.tensor([ids])).logits[0].float()
 
 
+@pytest.mark.slow
 def test_an_exported_adapter_generates_like_the_trained_model_on_the_hf_backend(
     folders, trained_policy
 ) -> None:
@@ -145,6 +146,7 @@ def test_an_adapter_with_its_own_tokenizer_brings_it(folders, tmp_path) -> None:
     assert not model.training
 
 
+@pytest.mark.slow
 def test_ct2_converts_an_adapter_into_the_trained_model(folders, tmp_path) -> None:
     pytest.importorskip("ctranslate2")
     from optima_env.backends.ct2 import CTranslate2Policy

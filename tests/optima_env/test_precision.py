@@ -94,6 +94,7 @@ def test_bad_settings_are_refused(tiny, tokenizer) -> None:
         TransformersPolicy(tiny, tokenizer, sampler="gumbel")
 
 
+@pytest.mark.slow
 def test_the_precision_reaches_the_engine_from_the_trainer_config(monkeypatch) -> None:
     from optima_env.backends.loading import load_policy
     from optima_env.configtree import ConfigError

@@ -54,6 +54,7 @@ class _Batches:
         self._handle.remove()
 
 
+@pytest.mark.slow
 def test_losses_equal_the_full_logits_reference_across_a_split_batch(embedded) -> None:
     model, tokenizer = embedded
     expected = reference_losses(model, tokenizer, TURNS)

@@ -11,6 +11,8 @@ import pytest
 
 from optima_trainers.host import checkpoint
 
+pytestmark = pytest.mark.slow  # runs a real model: the full suite only
+
 
 def test_each_checkpoint_file_is_hashed_once_in_a_two_stage_run(tmp_path, monkeypatch) -> None:
     pytest.importorskip("trl")

@@ -95,6 +95,7 @@ def test_rpo_is_dpo_plus_the_chosen_nll() -> None:
         DPOTrainConfig(beta=0)
 
 
+@pytest.mark.slow
 def test_lora_dpo_saves_a_merged_model_atomically(tiny_model_dir, tmp_path) -> None:
     out = tmp_path / "iter-1"
     out.mkdir()
@@ -117,6 +118,7 @@ def test_lora_dpo_saves_a_merged_model_atomically(tiny_model_dir, tmp_path) -> N
     assert not list(tmp_path.glob(".iter-1.tmp-*"))
 
 
+@pytest.mark.slow
 def test_plain_dpo_starts_at_log_two(tiny_model_dir, tmp_path) -> None:
     config = DPOTrainConfig.cpu(learning_rate=1e-3, rpo_alpha=None, max_length=256)
     out = tmp_path / "plain"
@@ -156,6 +158,7 @@ def test_one_rpo_iteration_on_the_embedded_model_changes_the_weights(embedded, t
     assert (out / COMPLETE_MARKER).is_file() and resolve_model_path("embedded") != str(out)
 
 
+@pytest.mark.slow
 def test_every_step_and_the_held_out_pairs_are_recorded_and_read_back(tiny_model_dir, tmp_path) -> None:
     from optima_trainers.dpo.metrics import DPO_METRICS
 
@@ -204,6 +207,7 @@ def test_every_step_and_the_held_out_pairs_are_recorded_and_read_back(tiny_model
     assert {"train/loss/dpo", "train/loss/nll", "train/rewards/margins", "eval/rewards/accuracies"} <= tags
 
 
+@pytest.mark.slow
 def test_a_record_without_history_still_reads(tiny_model_dir, tmp_path) -> None:
     config = DPOTrainConfig.cpu(rpo_alpha=None, max_length=256, max_steps=1)
     out = tmp_path / "old"

@@ -27,6 +27,7 @@ def test_the_tracker_sees_a_live_object_and_forgets_a_freed_one() -> None:
     assert memory.live() == []
 
 
+@pytest.mark.slow
 def test_a_dpo_stage_releases_its_model_reference_and_trainer(tmp_path) -> None:
     pytest.importorskip("trl")
     from optima_trainers.dpo.trainer import DPOTrainConfig, train_dpo
@@ -41,6 +42,7 @@ def test_a_dpo_stage_releases_its_model_reference_and_trainer(tmp_path) -> None:
     assert memory.live() == []
 
 
+@pytest.mark.slow
 def test_an_isft_run_leaves_no_model_or_trainer_alive(tmp_path) -> None:
     pytest.importorskip("trl")
     from optima_trainers import IterativeTrainer, RunDir, resolve_config

@@ -19,6 +19,8 @@ from optima_trainers.cli.train import main
 from optima_trainers.config.train import TrainConfig, TreeSearchConfig, resolve_config
 from tests.optima_trainers.tiny_model import make_tiny_model
 
+pytestmark = pytest.mark.slow  # runs a real model: the full suite only
+
 SETS = {
     "reward.lambda_token": "0.4",
     # every episode's token term is then -λ_token · tokens / normalizer (no special case replaces it)

@@ -342,6 +342,7 @@ def credited_pairs(tasks: list[float | None]) -> list:
     ]
 
 
+@pytest.mark.slow
 def test_the_credited_nll_scope_trains_the_nll_on_credited_pairs_only(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     pytest.importorskip("peft")

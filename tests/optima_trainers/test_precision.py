@@ -38,6 +38,7 @@ def test_full_fine_tuning_is_the_opt_in_paper_full_profile_with_the_recipes_rate
     assert differing == {"lora", "learning_rate"} and full.generation == lora.generation
 
 
+@pytest.mark.slow
 def test_dpo_trains_in_bf16_on_cpu_and_saves_in_the_training_dtype(tmp_path) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("trl")

@@ -173,6 +173,7 @@ def test_a_third_party_trainer_brings_its_own_recipe(caplog: pytest.LogCaptureFi
     assert other.generation.temperature == resolve_config("ie/hotpotqa-v0", "grpo").generation.temperature
 
 
+@pytest.mark.slow
 def test_the_rft_example_applies_its_own_recipe_from_the_cli(tmp_path: Path) -> None:
     """The example trainer package (installed through its entry point) carries a recipe for
     ``ie/synth-v0``; ``--print-config`` shows it applied, and ``--set`` still wins over it."""

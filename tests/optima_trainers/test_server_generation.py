@@ -84,6 +84,7 @@ def ask(policy) -> list[str]:
     return policy.generate(requests, GREEDY)
 
 
+@pytest.mark.slow
 def test_each_stage_checkpoint_reaches_every_server_as_a_runtime_lora_adapter(models) -> None:
     base, lora, _ = models
     with LoraServer() as a, LoraServer() as b:
@@ -131,6 +132,7 @@ class Delivery:
         return f"full-{len(self.calls)}"
 
 
+@pytest.mark.slow
 def test_hook_optima_deliver_weights(models) -> None:
     """The deliver-weights hook puts each stage's model on the servers; without a plugin the run stops."""
     base, _, full = models

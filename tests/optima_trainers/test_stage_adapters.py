@@ -19,6 +19,8 @@ from optima_trainers.host.adapters import ADAPTER_FOLDER, missing_files, restore
 from optima_trainers.host.checkpoint import manifest_entries, require_complete  # noqa: E402
 from tests.optima_trainers.tiny_model import add_low_rank_delta, make_tiny_model  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs a real model: the full suite only
+
 WEIGHTS = "model.safetensors"
 TOKENIZER = "tokenizer.json"
 SMALL = {

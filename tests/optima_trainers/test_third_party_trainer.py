@@ -13,6 +13,8 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 
+pytestmark = pytest.mark.slow  # runs a real model: the full suite only
+
 PACKAGE = REPO_ROOT / "examples" / "optima_trainer_rft"
 
 

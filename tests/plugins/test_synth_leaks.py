@@ -30,6 +30,7 @@ def test_no_shortcut_beats_one_in_k_on_ten_thousand_synth_v1_instances() -> None
     assert classifier_score(train, test) <= limit
 
 
+@pytest.mark.slow
 def test_no_shortcut_beats_one_in_k_with_three_agents_more_candidates_or_more_distractors() -> None:
     for kwargs in ({"num_agents": 3}, {"num_candidates": 12, "num_rivals": 4}, {"num_distractors": 3}):
         task = CommunicationChainTask(test_size=3000, **kwargs)
