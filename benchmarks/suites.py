@@ -4,9 +4,10 @@
 suite      what it runs
 =========  ==========================================================================================
 main       the default (the README's main command): the demo's synthetic task, untrained CoT and MAD
-           against the three trained systems whose adapters the demo committed
-           (``benchmarks/results/demo/adapters/synth``), the demo's caps, 30 held-out instances;
-           about 8 minutes on 2 CPU cores with the three adapters
+           with the controls (the one-hand row and the computed ceiling), and the adapters of the
+           demo's trainers on that task with their counterfactuals (none today: the probe found
+           nothing to train at 135M, ``benchmarks/results/probe/NOTES.md``), the demo's caps,
+           30 held-out instances
 smoke      the embedded task with the embedded model, CoT and MAD on 4 test instances, short
            turns; a few minutes on 2 CPU cores
 paper      spec §8.1: the eight paper tasks, the first 1000 test items of the information-exchange
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.demo.tasks import DEMO_TASKS, MAIN_TASK, TRAINERS, trainer_label
+from benchmarks.demo.tasks import DEMO_TASKS, MAIN_TASK, trainer_label
 from optima_env.errors import TaskContractError
 
 __all__ = ["DEMO_ADAPTERS", "PAPER_TASKS", "SUITES", "Suite", "get_suite"]
@@ -110,8 +111,8 @@ _DEMO_IE = next(t for t in DEMO_TASKS if t.task == "ie/hotpotqa-v0")
 SUITES: dict[str, Suite] = {
     "main": Suite(
         name="main",
-        description="the demo's synthetic task: untrained CoT and MAD vs the three committed adapters, "
-        "with the controls",
+        description="the demo's synthetic task: untrained CoT and MAD with the controls, and the "
+        "committed adapters of the demo's trainers on it",
         tasks=((MAIN_TASK.task,),),
         methods=("cot", "mad"),
         instances=30,
@@ -121,7 +122,8 @@ SUITES: dict[str, Suite] = {
         stop_at_speaker_tags=True,
         controls=True,
         concurrency=32,  # every instance in one batch: on this CPU bs32 decodes 2x bs8 (feasibility §2)
-        adapters=tuple((trainer_label(t), str(DEMO_ADAPTERS / MAIN_TASK.name / t)) for t in TRAINERS),
+        adapters=tuple((trainer_label(t), str(DEMO_ADAPTERS / MAIN_TASK.name / t))
+                       for t in MAIN_TASK.trainers),
     ),
     "smoke": Suite(
         name="smoke",

@@ -12,6 +12,10 @@ from tests.helpers import TinyTaskPlugin
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # before torch starts: the workers share the cores
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    _workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // _workers)))
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_one_writer_per_out_folder(tmp_path) -> None:
 
 @pytest.mark.parametrize("tasks, played", [([MAIN_TASK.task], True), (["test/tiny-v0"], False)])
 def test_main_suite_adapters_play_only_on_their_task(tasks, played, monkeypatch) -> None:
-    suite = get_suite("main")
+    suite = replace(get_suite("main"), adapters=(("iSFT", "adapters/isft"), ("iDPO", "adapters/idpo")))
     monkeypatch.setattr("benchmarks.run.is_adapter", lambda folder: True)  # as if the demo had run
     adapters = _suite_adapters(suite, tasks)
     assert (sorted(adapters) == sorted(label for label, _ in suite.adapters)) is played

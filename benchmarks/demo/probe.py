@@ -50,10 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instances", type=int, default=32, help="training instances of each stage")
     parser.add_argument("--eval", type=int, default=30, help="held-out instances of the evaluation")
     parser.add_argument("--train-only", action="store_true", help="train, do not evaluate")
+    parser.add_argument("--summary", action="store_true", help="print the sampled stages' summary only")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="another recipe: a training field by its dotted name (as optima-train --set)")
     args = parser.parse_args(argv)
     spec = probe_task(args.instances, args.eval, parse_sets(args.set))
+    if args.summary:
+        print(sampled_summary(spec, args.out))
+        return 0
     from benchmarks.demo.train import train_run
     from optima_env.errors import EmptySelectionError
 
@@ -71,27 +75,38 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def sampled_summary(spec: DemoTask, out: Path) -> str:
-    """Each sampled stage's conversations in ``<out>/train/isft``: how many, how many the metric
-    credits, their tokens, and how often the first agent said the bridging entity (the chain's
-    first object: the person's employer), so a stage that selects nothing still says why."""
+    """Each sampled stage's conversations in ``<out>/train/isft``, so a stage that selects nothing,
+    or only guesses, says so: how many, their tokens, how many the metric credits, how often the
+    first agent said the bridging entity (the chain's first object: the person's employer) and how
+    many credited conversations it said it in, and the credit that guessing would earn: the final
+    answers that name exactly one candidate, divided by the number of candidates in the final-hop
+    holder's table (the task's ``num_candidates``, K)."""
     from optima_env import make_task
     from optima_env.io import read_episodes
+    from optima_env.scoring.candidates import named_candidates
 
     task = make_task(spec.task, **dict(spec.task_kwargs))
     lines = []
     for stage in sorted((out / "train" / "isft").glob("iter_*/episodes.jsonl")):
         episodes = read_episodes(stage)
-        said = 0
+        said = credited = credited_said = one_named = 0
         for e in episodes:
             split, index = e.sample_id.split("-")[-2:]
             sample = task.sample(split, int(index))
             bridge = sample.metadata["chain"][0][2]
-            said += any(bridge in t.text for t in e.turns if t.agent == task.agents[0])
-        credited = sum(e.task_score > 0 for e in episodes)
+            candidates = sample.metadata["candidates"]
+            told = any(bridge in t.text for t in e.turns if t.agent == task.agents[0])
+            said += told
+            credited += e.task_score > 0
+            credited_said += e.task_score > 0 and told
+            one_named += len(named_candidates(e.final_answer or "", candidates)) == 1
         tokens = sum(e.num_tokens for e in episodes) / max(len(episodes), 1)
-        lines.append(f"{stage.parent.name}: {len(episodes)} sampled conversations, {credited} credited by "
-                     f"{task.scorer_name()}, {tokens:.1f} tokens each, the first agent says the bridging "
-                     f"entity in {said}")  # fmt: skip
+        guess = one_named / task.num_candidates
+        lines.append(f"{stage.parent.name}: {len(episodes)} sampled conversations, {tokens:.1f} tokens each; "
+                     f"{credited} credited by {task.scorer_name()}, the first agent said the bridging entity "
+                     f"in {said} of all and in {credited_said} of the credited; {one_named} final answers "
+                     f"name exactly one candidate, so guessing among the K = {task.num_candidates} would be "
+                     f"credited about {guess:.1f} times")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ from tests.benchmarks.bench_helpers import MISSING_REASON, assert_png
 
 
 def test_main_is_the_default_suite_and_plays_the_demo_setting_and_adapters() -> None:
-    from benchmarks.demo.tasks import MAIN_TASK
+    from benchmarks.demo.tasks import MAIN_TASK, trainer_label
 
     args = parse_args([])
     assert args.suite == "main" and args.model == "embedded"
@@ -22,9 +22,9 @@ def test_main_is_the_default_suite_and_plays_the_demo_setting_and_adapters() -> 
     assert main.tasks == ((MAIN_TASK.task,),) and main.methods == ("cot", "mad") and main.controls
     assert main.task_kwargs == {MAIN_TASK.task: dict(MAIN_TASK.task_kwargs)}
     assert (main.max_turns, main.max_new_tokens) == (MAIN_TASK.max_turns, MAIN_TASK.max_new_tokens)
-    assert [label for label, _ in main.adapters] == ["iSFT", "iDPO", "iSFT-DPO"]
+    assert [label for label, _ in main.adapters] == [trainer_label(t) for t in MAIN_TASK.trainers]
     assert all(folder.endswith(f"adapters/{MAIN_TASK.name}/{t}") for (_, folder), t in
-               zip(main.adapters, ("isft", "idpo", "isft-dpo")))  # fmt: skip
+               zip(main.adapters, MAIN_TASK.trainers, strict=True))  # fmt: skip
     smoke = get_suite("smoke")
     assert smoke.tasks == (("ie/synth-v1",),) and smoke.methods == ("cot", "mad") and smoke.instances
 
