@@ -325,10 +325,12 @@ def _rank_devices(tensor_parallel_size: int) -> Iterator[None]:
             os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
-def check_stage_engine(policy: Any, folder: Path) -> Any:
+def check_stage_engine(policy: Any, folder: Path, *, record: bool = True) -> Any:
     """``policy``, once the stage ``folder`` records its engine (``engine.json``, written by the first
     load) or its record is the same; :class:`DataError` when the folder's data came from another
-    engine. Policies without an engine record (vLLM, CTranslate2, the servers) are not checked."""
+    engine. Policies without an engine record (vLLM, CTranslate2, the servers) are not checked.
+    ``record=False`` (a rank other than the main process, which writes nothing in the run folder)
+    checks against a record that exists and writes none."""
     engine = getattr(policy, "engine", None)
     if not isinstance(engine, dict):
         return policy
@@ -338,7 +340,8 @@ def check_stage_engine(policy: Any, folder: Path) -> Any:
     elif any(p.stat().st_size for p in folder.glob("*.jsonl")):
         recorded = dict(LEGACY_ENGINE)  # generated before stage folders recorded their engine
     else:
-        write_json_atomic(path, engine)
+        if record:
+            write_json_atomic(path, engine)
         return policy
     if recorded != engine:
         raise DataError(

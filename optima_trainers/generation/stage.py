@@ -139,7 +139,7 @@ class StageGeneration:
             folder=folder,
             seed=stage_seed(cfg.seed, stage.name),
             num_train=self.num_train,
-            load_policy=lambda: check_stage_engine(self._policy(model), folder),
+            load_policy=lambda: check_stage_engine(self._policy(model), folder, record=shard.main),
             release=self._release,
             env_kwargs=self._env_kwargs,
             readability=lambda: self.scorer,
