@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,9 @@ LABELS = {
 }
 
 
-def _train(folder: Path, trainer: str, backend: str, *, model: str, seed: int) -> dict[str, dict[str, float]]:
+def _train(
+    folder: Path, trainer: str, backend: str, *, model: str, seed: int, sizes: Mapping[str, Any]
+) -> dict[str, dict[str, float]]:
     from optima_trainers import IterativeTrainer, RunDir, resolve_config
 
     config = resolve_config(
@@ -56,7 +59,7 @@ def _train(folder: Path, trainer: str, backend: str, *, model: str, seed: int) -
         model=model,
         seed=seed,
         iterations=1,
-        overrides=BACKENDS[backend],
+        overrides={**BACKENDS[backend], **sizes},
     )
     if (folder / "config.json").is_file():
         run, stored = RunDir.open(folder)
@@ -155,16 +158,19 @@ def run_loop_suite(
     model: str = "embedded",
     seed: int = 0,
     backends: tuple[str, ...] = tuple(BACKENDS),
+    sizes: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the suite into ``out_dir`` with ``backends`` (of :data:`BACKENDS`; ``hf``
-    among them); returns the results dict (also ``results.json``)."""
+    among them); returns the results dict (also ``results.json``). ``sizes`` (dotted training
+    fields) shrinks the iteration for a test; the benchmark runs the cpu profile's."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     rows = []
     for backend in backends:
         for trainer, stage in STAGES.items():
-            timings = _train(out / backend / trainer, trainer, backend, model=model, seed=seed)
+            folder = out / backend / trainer
+            timings = _train(folder, trainer, backend, model=model, seed=seed, sizes=sizes or {})
             for name, phases in timings.items():
                 rows.append(
                     {"backend": backend, "trainer": trainer, "stage": name, "phases": phases,

@@ -11,6 +11,14 @@ from tests.benchmarks.bench_helpers import assert_png
 
 pytestmark = pytest.mark.slow
 
+SIZES = {
+    "generation.instances": 4, "generation.num_samples": 2, "generation.max_turns": 2,
+    "generation.max_new_tokens": 8, "selection.theta": -100.0, "sft.max_steps": 2, "dpo.max_steps": 2,
+    "tree.instances": 2, "tree.selections": 2, "tree.rollouts": 2, "tree.normalizer_instances": 2,
+    "tree.theta_filter": -100.0, "tree.theta_diff": 0.0,
+}  # fmt: skip
+"""An iteration small enough for a test: every phase still runs, on a tiny random model."""
+
 
 def test_the_loop_suite_times_both_engines_per_phase_and_resumes(tmp_path: Path) -> None:
     pytest.importorskip("trl")
@@ -20,7 +28,7 @@ def test_the_loop_suite_times_both_engines_per_phase_and_resumes(tmp_path: Path)
 
     model = make_tiny_model(tmp_path / "tiny")
     out = tmp_path / "loop"
-    results = run_loop_suite(out, model=str(model))
+    results = run_loop_suite(out, model=str(model), sizes=SIZES)
     measured = {(r["backend"], r["trainer"]): r for r in results["rows"] if r["measured"]}
     assert set(measured) == {(b, t) for b in ("hf_old", "hf", "ct2") for t in ("isft", "idpo")}
     assert {"generate", "score", "select", "train"} <= set(measured[("ct2", "isft")]["phases"])
@@ -35,5 +43,5 @@ def test_the_loop_suite_times_both_engines_per_phase_and_resumes(tmp_path: Path)
     assert config["generation"]["backend"] == "ct2" and config["readability_scorer"] == "ct2"
     assert "| ratio (transformers / CTranslate2, same run) |" in (out / "results.md").read_text()
     assert_png(out / "loop.png")
-    again = run_loop_suite(out, model=str(model))  # resumes: nothing is generated or trained again
+    again = run_loop_suite(out, model=str(model), sizes=SIZES)  # resumes: nothing generated or trained again
     assert again["rows"] == results["rows"] and again["sft"] == results["sft"]
