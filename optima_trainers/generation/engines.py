@@ -57,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -325,6 +326,11 @@ def _rank_devices(tensor_parallel_size: int) -> Iterator[None]:
             os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
+_SHARD = re.compile(r"\.rank\d+of\d+\.jsonl$")
+"""A rank's shard file (:mod:`optima_trainers.generation.shards`): written by this run, whichever
+rank reached the stage before the main process recorded its engine."""
+
+
 def check_stage_engine(policy: Any, folder: Path, *, record: bool = True) -> Any:
     """``policy``, once the stage ``folder`` records its engine (``engine.json``, written by the first
     load) or its record is the same; :class:`DataError` when the folder's data came from another
@@ -337,9 +343,9 @@ def check_stage_engine(policy: Any, folder: Path, *, record: bool = True) -> Any
     path = folder / "engine.json"
     if path.is_file():
         recorded = read_json_object(path)
-    elif any(p.stat().st_size for p in folder.glob("*.jsonl")):
+    elif any(p.stat().st_size for p in folder.glob("*.jsonl") if not _SHARD.search(p.name)):
         recorded = dict(LEGACY_ENGINE)  # generated before stage folders recorded their engine
-    else:
+    else:  # nothing gathered yet (a rank's own shard may be, from this run's engine)
         if record:
             write_json_atomic(path, engine)
         return policy
