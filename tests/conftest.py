@@ -12,10 +12,16 @@ from tests.helpers import TinyTaskPlugin
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # before torch starts: the workers share the cores
-    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    _workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // _workers)))
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS:  # before torch starts: the workers share the cores
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores() // _WORKERS)))
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,9 +32,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (the default, see pyproject.toml): one worker per core, as many as the memory
     holds at 6 GiB each (a worker may hold the embedded model, a vLLM-CPU engine and a training
     run at once). ``-n 0`` runs in one process, for a debugger."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return max(1, min(cores, int(memory_gib // 6)))
+    return max(1, min(_cores(), int(memory_gib // 6)))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,9 +42,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ones fill the gaps, instead of one long file running alone at the end."""
     slow: dict[str, int] = {}
     for item in items:
-        slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + bool(
-            item.get_closest_marker("slow")
-        )
+        file = item.nodeid.split("::")[0]
+        slow[file] = slow.get(file, 0) + bool(item.get_closest_marker("slow"))
     items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])  # stable: in-file order kept
 
 
