@@ -1,7 +1,7 @@
 """Where the test suite's time goes: by folder, by file, and by fixture.
 
 Two parts. As a pytest plugin (loaded by ``tests/conftest.py``), ``--fixture-times PATH`` records
-each fixture's setup time (its name, scope and the test that paid for it) into ``PATH`` as JSON
+each fixture's setup time (its name, its scope and the node it was set up for) into ``PATH`` as JSON
 lines, one file per xdist worker (``PATH.gw0``, ...). As a script, it reads a ``--durations=0`` log
 and those files and prints the tables::
 
@@ -29,7 +29,7 @@ import pytest
 
 __all__ = ["by_fixture", "by_folder", "main", "read_durations"]
 
-_LINE = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(\S+)")
+_LINE = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(.+?)\s*$")  # ids may hold spaces
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
