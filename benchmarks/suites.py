@@ -161,7 +161,7 @@ SUITES: dict[str, Suite] = {
     ),
     "loop": Suite(
         name="loop",
-        description="one iSFT and one iDPO iteration per phase, transformers vs CTranslate2 (loop_bench)",
+        description="one iSFT and one iDPO iteration per phase, transformers engine new vs old (loop_bench)",
     ),
     "handoff": Suite(
         name="handoff",

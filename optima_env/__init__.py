@@ -12,8 +12,8 @@ Public surface (everything the README and ``examples/`` use is importable from h
                        jobs=make_jobs(range(8), num_samples=2, seed=0), sampling=SamplingParams())
 
 Importing this package never imports torch; model backends import it lazily, and the backend
-classes (``TransformersPolicy``, ``CTranslate2Policy``, ``VLLMPolicy``, ``OpenAIChatPolicy``,
-``load_policy``) are attributes resolved on first use.
+classes (``TransformersPolicy``, ``VLLMPolicy``, ``OpenAIChatPolicy``, ``load_policy``) are
+attributes resolved on first use.
 
 A task plugin's conformance checks run from the shell with ``python -m optima_env.check TASK``
 (:mod:`optima_env.check`, one line per check of :func:`~optima_env.testing.check_task`).
@@ -85,7 +85,6 @@ __all__ = [
     "AgentView",
     "BackendError",
     "BatchTurns",
-    "CTranslate2Policy",
     "ChatPolicy",
     "CheckReport",
     "ConfigError",
@@ -153,7 +152,6 @@ __all__ = [
 
 _LAZY = {  # the generation engines: their modules are light, but each one is an engine choice
     "TransformersPolicy": "optima_env.backends.hf",
-    "CTranslate2Policy": "optima_env.backends.ct2",
     "VLLMPolicy": "optima_env.backends.vllm",
     "OpenAIChatPolicy": "optima_env.backends.openai",
     "load_policy": "optima_env.backends.loading",

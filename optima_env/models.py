@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -28,6 +29,7 @@ __all__ = [
     "EMBEDDED",
     "build_once",
     "cache_dir",
+    "context_length",
     "embedded_gguf_path",
     "ensure_embedded_model",
     "file_lock",
@@ -141,6 +143,41 @@ def resolve_model_path(name_or_path: str) -> str:
     if name_or_path == EMBEDDED:
         return str(ensure_embedded_model())
     return name_or_path
+
+
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                  "max_sequence_length")  # fmt: skip
+"""Config fields that give a model's context length, in the order vLLM reads them."""
+
+
+def context_length(name_or_path: str) -> int | None:
+    """The context length (tokens) that ``embedded``, a local folder or a hub id declares in its
+    config: the first of :data:`CONTEXT_FIELDS`, in the text config of a multimodal model. ``None``
+    for a path with no config, or a config naming none; a hub id is read through transformers'
+    ``AutoConfig`` (the HF cache, else the hub), and one that cannot be read is ``None`` with a
+    warning (the engine that loads the model reports it properly)."""
+    path = resolve_model_path(name_or_path)
+    if os.path.isdir(path):
+        file = Path(path) / "config.json"
+        if not file.is_file():
+            return None
+        config = json.loads(file.read_text(encoding="utf-8"))
+        config = config.get("text_config") or config
+    elif os.path.exists(path) or path.startswith((".", "/")):
+        return None
+    else:
+        transformers = require("transformers", "train")
+        try:
+            config = transformers.AutoConfig.from_pretrained(path).get_text_config().to_dict()
+        except Exception as exc:
+            logger.warning("cannot read the config of %r (%s: %s): its context length is unknown",
+                           path, type(exc).__name__, exc)  # fmt: skip
+            return None
+    for field in CONTEXT_FIELDS:
+        value = config.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def source_folder(name_or_path: str) -> Path:

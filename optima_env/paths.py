@@ -27,8 +27,8 @@ __all__ = ["LOCK_NAME", "check_input_folder", "check_model_flag", "check_output_
 
 LOCK_NAME = ".lock"
 MODEL_MARKERS = ("config.json", "adapter_config.json")
-"""A model folder holds one of these: transformers' ``save_pretrained`` output (also CTranslate2's
-converted folders) or a PEFT adapter."""
+"""A model folder holds one of these: transformers' ``save_pretrained`` output or a PEFT
+adapter."""
 TOKENIZER_FILES = frozenset({"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"})
 """A full model folder holds one of these (the CLIs load the tokenizer from the model's folder)."""
 

@@ -7,8 +7,7 @@ injects a default system prompt when none is given (SmolLM2's does) has that blo
 mean cross-entropy over the message's content tokens and its end-of-turn marker; the episode's
 ``lm_loss`` is the max over its turns. Scorers are plain callables ``texts -> losses``, so any
 causal LM (or a remote service) can serve; this module ships the transformers one and registers
-it as ``transformers`` through the ``optima_register_readability_scorers`` hook;
-:mod:`optima_env.backends.ct2_readability` scores the same tokens through CTranslate2 (``ct2``).
+it as ``transformers`` through the ``optima_register_readability_scorers`` hook.
 """
 
 from __future__ import annotations

@@ -109,8 +109,17 @@ def test_hook_optima_register_readability_scorers() -> None:
 
     config = resolve_config("ie/synth-v0", "isft", readability_scorer="constant")
     assert load_readability_scorer(config, pm)(["x"]) == [2.0]
-    with pytest.raises(ConfigError, match="no readability scorer 'nope'"):
+    expected = r"readability_scorer: expected one of .*'transformers'.*, got 'nope'"
+    with pytest.raises(ConfigError, match=expected):
         load_readability_scorer(config.replace(readability_scorer="nope"), pm)
+
+
+def test_an_unregistered_readability_scorer_is_refused_when_the_run_is_built(tmp_path) -> None:
+    from optima_trainers import IterativeTrainer, RunDir, resolve_config
+
+    config = resolve_config("ie/synth-v0", "isft", profile="cpu", readability_scorer="ct2")  # retired backend
+    with pytest.raises(ConfigError, match=r"readability_scorer: expected one of 'transformers'.*, got 'ct2'"):
+        IterativeTrainer(config, run_dir=RunDir.create(config, run_dir=tmp_path / "run"), progress=False)
 
 
 def test_hook_optima_episode_start() -> None:

@@ -146,9 +146,8 @@ def eval_settings(spec: DemoTask) -> PlaySettings:
 _COMMON_DEPARTURES = (
     "Model: SmolLM2-135M-Instruct (the embedded model) with LoRA r=16 on every linear layer, fp32, "
     "on 2 CPU cores; the paper fully fine-tunes Llama-3-8B on GPUs.",
-    "Generation engine: the transformers rollout engine, not CTranslate2: on this machine's "
-    "multi-turn rollouts CTranslate2 int8 ran slower (43 vs 69 tok/s at batch 32, "
-    "benchmarks/results/rollout/results.md) because it re-reads the whole history every turn.",
+    "Generation engine: the transformers rollout engine on the CPU, whose prefix cache keeps each "
+    "conversation's KV states across turns.",
     "Answers are read in style 'small' (the <A> tag, else 'Answer: x', else the whole turn, which "
     "F1 credits partly): the untrained 135M model never writes the tag, so under the paper's "
     "tag-only reading every untrained system scores exactly 0 and training has nothing to select.",

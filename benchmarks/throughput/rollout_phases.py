@@ -26,10 +26,6 @@ PHASES = (
     "engine",
     "engine_b64",
     "vllm",
-    "ct2_int8_b32",
-    "ct2_int8_b64",
-    "ct2_float32_b32",
-    "ct2_float32_b64",
     "drivers_engine",
     "drivers_vllm",
     "dp_engine",
@@ -57,8 +53,8 @@ def phase_batch(name: str, cfg: Any) -> tuple[str, int]:
 
     >>> from types import SimpleNamespace
     >>> cfg = SimpleNamespace(concurrency=32)
-    >>> phase_batch("ct2_int8_b64", cfg), phase_batch("engine", cfg)
-    (('ct2_int8', 64), ('engine', 32))
+    >>> phase_batch("engine_b64", cfg), phase_batch("engine", cfg)
+    (('engine', 64), ('engine', 32))
     """
     match = _BATCHED.match(name)
     return (match["base"], int(match["batch"])) if match else (name, cfg.concurrency)
@@ -76,8 +72,6 @@ def run_phase(name: str, cfg: Any) -> dict[str, Any]:
         return _phase_hf(cfg, naive=base == "naive", batch=batch, old=base == "engine_old")
     if base == "vllm":
         return _phase_vllm(cfg, batch)
-    if base.startswith("ct2_"):
-        return _phase_ct2(cfg, base.removeprefix("ct2_"), batch)
     if base == "gemm":
         return _phase_gemm(cfg)
     return _phase_roofline(cfg)
@@ -184,30 +178,6 @@ def _phase_vllm(cfg: Any, batch: int) -> dict[str, Any]:
     finally:
         policy.close()
     return {**result, "startup_s": load, "backend": "vLLM offline engine (prefix caching)"}
-
-
-def _phase_ct2(cfg: Any, compute_type: str, batch: int) -> dict[str, Any]:
-    import importlib.util
-
-    if importlib.util.find_spec("ctranslate2") is None:
-        return {"skipped": "CTranslate2 is not installed (pip install 'optima[ct2]')"}
-    from optima_env.backends.ct2 import CTranslate2Policy
-    from optima_env.backends.ct2_convert import convert_model
-
-    started = time.perf_counter()
-    folder = convert_model(cfg.model, compute_type=compute_type)  # cached after the first run
-    convert = time.perf_counter() - started
-    policy = CTranslate2Policy(folder, compute_type=compute_type, intra_threads=cfg.threads, batch_size=batch)
-    load = time.perf_counter() - started - convert
-    result = _play(cfg, policy, policy.tokenizer, naive=False, concurrency=batch)
-    return {
-        **result,
-        "startup_s": load,
-        "convert_s": convert,
-        "reloads": policy.stats.reloads,
-        "reload_s": policy.stats.reload_seconds,
-        "backend": f"CTranslate2 {compute_type}",
-    }
 
 
 # -- limits ---------------------------------------------------------------------------------------

@@ -45,11 +45,6 @@ def summarize(cfg: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
     def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str) -> float | None:
         return a[key] / b[key] if a and b and a.get(key) and b.get(key) else None
 
-    best_engine = _best(results, "engine")
-    best_int8 = _best(results, "ct2_int8")
-    f32_shares = [
-        r["of_gemm_limit"] for r in rows if r["phase"].startswith("ct2_float32") and "of_gemm_limit" in r
-    ]
     targets = {
         "engine_vs_naive": ratio(engine, naive, "tokens_per_s"),
         "engine_vs_naive_cpu": ratio(engine, naive, "tokens_per_cpu_s"),
@@ -57,12 +52,6 @@ def summarize(cfg: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
         "engine_vs_vllm": ratio(engine, vllm, "tokens_per_s"),
         "engine_vs_vllm_cpu": ratio(engine, vllm, "tokens_per_cpu_s"),
         "engine_vs_vllm_target": 1.0,
-        "ct2_int8_vs_naive": ratio(best_int8, naive, "tokens_per_s"),
-        "ct2_int8_vs_naive_target": 20.0,
-        "ct2_int8_vs_engine": ratio(best_int8, best_engine, "tokens_per_s"),
-        "ct2_int8_vs_engine_target": 3.0,
-        "ct2_float32_of_gemm_limit": max(f32_shares) if f32_shares else None,
-        "ct2_float32_of_gemm_limit_target": 0.5,
         **eos_targets(results),
     }
     fixed = [r for r in rows if r["phase"] not in (*EOS_PHASES, *ENGINE_PHASES)]
@@ -70,14 +59,6 @@ def summarize(cfg: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
     engines = engines_text(results)
     table += ("\n" + engines) if engines else ""
     return {"config": cfg, "phases": rows, "targets": targets, "table": table}
-
-
-def _best(results: dict[str, dict[str, Any]], base: str) -> dict[str, Any] | None:
-    """The fastest row (tokens/s) among ``base`` and ``base_b<N>``."""
-    found = [
-        r for n, r in results.items() if (n == base or n.startswith(base + "_b")) and r.get("tokens_per_s")
-    ]
-    return max(found, key=lambda r: r["tokens_per_s"], default=None)
 
 
 def _limit_at(limits: dict[str, Any], batch: Any) -> float | None:
@@ -142,10 +123,7 @@ def _table(c: dict[str, Any], rows: list[dict[str, Any]], targets: dict[str, Any
         f"Targets: engine / naive = {_fmt(t['engine_vs_naive'])} on wall-clock time, "
         f"{_fmt(t['engine_vs_naive_cpu'])} on CPU time (target >= 10); engine / vLLM = "
         f"{_fmt(t['engine_vs_vllm'], '.2f')} on wall-clock time, "
-        f"{_fmt(t['engine_vs_vllm_cpu'], '.2f')} on CPU time (target >= 1); CTranslate2 int8 (best "
-        f"batch) / naive = {_fmt(t['ct2_int8_vs_naive'])} (target >= 20), / engine (best batch) = "
-        f"{_fmt(t['ct2_int8_vs_engine'], '.2f')} (target >= 3); CTranslate2 float32 (best batch) = "
-        f"{_pct(t['ct2_float32_of_gemm_limit'])} of the GEMM limit (target >= 50%).",
+        f"{_fmt(t['engine_vs_vllm_cpu'], '.2f')} on CPU time (target >= 1).",
     ]
     return "\n".join(lines) + "\n"
 

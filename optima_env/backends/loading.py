@@ -14,20 +14,16 @@ from optima_env.policy import ChatPolicy
 
 __all__ = ["BACKENDS", "load_policy"]
 
-BACKENDS = ("hf", "vllm", "ct2", "openai")
-"""``hf`` transformers, ``vllm`` vLLM's offline engine, ``ct2`` CTranslate2 (the fast CPU engine),
-``openai`` any OpenAI-compatible server."""
+BACKENDS = ("hf", "vllm", "openai")
+"""``hf`` transformers, ``vllm`` vLLM's offline engine, ``openai`` any OpenAI-compatible server."""
 
 
-# size: one factory for every engine: a model, a backend name and that engine's keyword options
 def load_policy(
     model: str,
     *,
     backend: str = "hf",
     batch_size: int = 32,
     dtype: str = "float32",
-    compute_type: str | None = None,
-    threads: int = 0,
     base_urls: Sequence[str] = (),
     api_key_env: str | None = "OPENAI_API_KEY",
     **options: Any,
@@ -36,14 +32,11 @@ def load_policy(
 
     Args:
         model: ``embedded``, a Hugging Face name, a local folder, a trainer checkpoint or a PEFT
-            adapter folder (``hf``, ``ct2``: merged into its base); for ``openai``, the model
+            adapter folder (``hf``: merged into its base); for ``openai``, the model
             name the server serves.
         backend: one of :data:`BACKENDS`.
         batch_size: requests generated together (``openai``: requests in flight).
         dtype: ``float32`` or ``bfloat16`` (``hf``, ``vllm``).
-        compute_type: CTranslate2's weight type (``int8``, the CPU default, ``int8_float32``,
-            ``float32``).
-        threads: CPU threads of CTranslate2 (0: its default).
         base_urls: the servers of ``openai`` (several rotate).
         api_key_env: the environment variable holding the ``openai`` API key.
         options: further keyword arguments of the backend's constructor (``vllm``:
@@ -69,7 +62,7 @@ def load_policy(
         if is_adapter(model):
             raise TaskContractError(
                 f"backend vllm loads full model folders, got the PEFT adapter folder {model!r}; use "
-                "--backend hf or ct2 (both merge an adapter into its base), or save a merged copy with "
+                "--backend hf (it merges an adapter into its base), or save a merged copy with "
                 "optima_env.backends.peft_adapter.merge_into"
             )
         try:
@@ -80,16 +73,6 @@ def load_policy(
                 f"import failed: {exc}"
             ) from exc
         return VLLMPolicy.from_pretrained(model, dtype=dtype, **options)
-    if backend == "ct2":
-        from optima_env.backends.ct2 import CTranslate2Policy
-
-        return CTranslate2Policy.from_pretrained(
-            model,
-            compute_type=compute_type or "int8",
-            intra_threads=threads,
-            batch_size=batch_size,
-            **options,
-        )
     if not base_urls:
         raise TaskContractError(
             "backend openai needs the server's base URL(s) (e.g. http://127.0.0.1:8000/v1), got none"

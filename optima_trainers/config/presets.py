@@ -9,7 +9,7 @@ from typing import Any
 
 from optima_env.reward import PAPER_SPECIAL_CASES
 
-__all__ = ["CPU_ENGINE", "FIDELITY_PRESETS", "PROFILES", "REWARD_PRESETS", "fast_cpu_engine"]
+__all__ = ["FIDELITY_PRESETS", "PROFILES", "REWARD_PRESETS"]
 
 REWARD_PRESETS: dict[str, dict[str, Any]] = {
     "code": {},
@@ -74,23 +74,6 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 Every profile sizes the conversations in flight from the engine (``generation.concurrency``
 ``None``: its ``capacity``): 64 (``paper``) or 32 (``cpu``) batch slots on the transformers engine
-and CTranslate2 (``generation.batch_size``), vLLM's ``max_num_seqs`` on vLLM.
+(``generation.batch_size``), vLLM's ``max_num_seqs`` on vLLM.
 
 A trainer adds its own per-profile values (``TrainerSpec.profiles``)."""
-
-
-CPU_ENGINE = {"generation.backend": "ct2", "generation.compute_type": "int8", "readability_scorer": "ct2"}
-"""Generation with CTranslate2 int8 and readability with its float32 scorer (within 2e-4 nats of the
-transformers loss), for ``--set`` or a preset of your own. Not the ``cpu`` profile's default: on
-this project's 2-core machine the multi-turn rollout ran at 43 tok/s (batch 32) and 40 tok/s
-(batch 64) with CTranslate2 int8 against 69 and 74 tok/s for the transformers engine, which keeps
-each conversation's KV cache across turns where CTranslate2 prefills the whole history every turn
-(``benchmarks/results/rollout/results.md``). CTranslate2 also seeds a whole batch, not each
-request, so a resumed run re-samples the episodes that were in flight."""
-
-
-def fast_cpu_engine() -> dict[str, Any]:
-    """:data:`CPU_ENGINE` when CTranslate2 is importable, else nothing (the transformers path)."""
-    import importlib.util
-
-    return dict(CPU_ENGINE) if importlib.util.find_spec("ctranslate2") is not None else {}

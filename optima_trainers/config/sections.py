@@ -41,9 +41,9 @@ class GenerationConfig:
     """Nucleus sampling mass."""
     diverse_init: bool = True
     """The initialization samples with the format-diverse prompt pool (when the task has one)."""
-    backend: Literal["hf", "vllm", "ct2", "openai"] = "hf"
-    """Generation backend: transformers, vLLM, CTranslate2 (the fast CPU engine), or ``openai``:
-    OpenAI-compatible vLLM servers at :attr:`base_urls` (README "Generating on vLLM servers")."""
+    backend: Literal["hf", "vllm", "openai"] = "hf"
+    """Generation backend: transformers, vLLM, or ``openai``: OpenAI-compatible vLLM servers at
+    :attr:`base_urls` (README "Generating on vLLM servers")."""
     base_urls: tuple[str, ...] = ()
     """``backend="openai"``: the servers' base URLs, one per replica (e.g.
     ``http://10.0.0.1:8000/v1,http://10.0.0.2:8000/v1``); each conversation stays on one of them
@@ -64,27 +64,24 @@ class GenerationConfig:
     from the starting model by a LoRA of at most this rank (a stage trained from the base model
     with ``sft.lora_r`` <= it), else the best approximation of that rank (its error is logged).
     The servers need ``--max-lora-rank`` >= it."""
-    compute_type: Literal["int8", "int8_float32", "float32"] = "int8"
-    """CTranslate2's weight type (``backend="ct2"`` only; int8 is the CPU default)."""
     concurrency: int | None = None
     """Conversations in flight in every rollout of the run (sampled stages, normalizer
     conversations, tree searches). ``None`` (the default): sized from the engine's ``capacity``
-    (:func:`optima_env.rollout.rollout`): the transformers engine's and CTranslate2's
-    :attr:`batch_size`, vLLM's ``max_num_seqs`` (:attr:`vllm_max_num_seqs`); for the servers
+    (:func:`optima_env.rollout.rollout`): the transformers engine's :attr:`batch_size`, vLLM's
+    ``max_num_seqs`` (:attr:`vllm_max_num_seqs`); for the servers
     (``backend="openai"``, no capacity of their own) the rollout's default, 32, which is also the
     client's requests in flight (:func:`optima_trainers.generation.rollouts.in_flight`)."""
     batch_size: int = 32
     """The engine's batch slots: requests the transformers engine decodes at once (its continuous
-    batching admits a new turn into each slot that frees) and CTranslate2's batch. vLLM sizes its
-    own batch (:attr:`vllm_max_num_seqs`); the servers batch on their own."""
+    batching admits a new turn into each slot that frees). vLLM sizes its own batch
+    (:attr:`vllm_max_num_seqs`); the servers batch on their own."""
     driver: Literal["auto", "batch", "turns"] = "auto"
     """How rollouts drive the engine (:data:`optima_env.turns.DRIVERS`): ``turns``: each
     conversation's next turn is submitted the moment its last one returns (the engine's own
     :class:`~optima_env.policy.TurnEngine`: vLLM's engine, the transformers engine's continuous
     batching, the servers' client); ``batch``: one ``generate`` per step over every running
     conversation's turn, waiting for its longest reply (the driver before turn engines existed);
-    ``auto`` (the default): ``turns`` when the engine implements it (every built-in backend but
-    CTranslate2), else ``batch``."""
+    ``auto`` (the default): ``turns`` when the engine implements it, else ``batch``."""
     vllm_tensor_parallel_size: int = 1
     """``backend="vllm"``: GPUs one engine shards the model over (vLLM's ``tensor_parallel_size``)."""
     vllm_data_parallel_size: int = 1
@@ -117,10 +114,12 @@ class GenerationConfig:
     place (0.6 s on vLLM-CPU where a new engine takes 19-115 s to start) and, on GPUs, it sleeps
     while a stage trains (:mod:`optima_trainers.generation.engines`). ``False``: a new engine per stage."""
     max_model_len: int | None = None
-    """The longest prompt plus reply the model takes, in tokens (``None``: the model's
-    ``max_position_embeddings``). A conversation whose next prompt would leave less than
-    ``max_new_tokens`` of it ends there, truncated with ``end_reason="context_full"``, as at the
-    turn cap (never a failed batch); the vLLM engine is built with this length."""
+    """The longest prompt plus reply the model takes, in tokens (``None``: the context the model's
+    config declares, a local folder or a hub id, and with vLLM the running engine's own
+    ``max_model_len``, which vLLM takes from the same config). A conversation whose next prompt
+    would leave less than ``max_new_tokens`` of it ends there, truncated with
+    ``end_reason="context_full"``, as at the turn cap (never a failed batch); the vLLM engine is
+    built with this length."""
     stop_at_speaker_tags: bool = False
     """Cut a turn where it starts writing an agent's ``"Name:"`` tag. The reference code does not
     (it penalizes impersonation afterwards); the cpu profile does, because a 135M model speaks for
@@ -191,6 +190,8 @@ class GenerationConfig:
         }
         if self.vllm_max_num_seqs is not None:
             options["max_num_seqs"] = self.vllm_max_num_seqs
+        if self.max_model_len is not None:  # else the engine takes the model's own context length
+            options["max_model_len"] = self.max_model_len
         return options
 
 

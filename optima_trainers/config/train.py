@@ -30,9 +30,7 @@ Every leaf has a dotted name (``reward.lambda_token``, ``dpo.beta``) for presets
    every point, its two values and its test);
 5. the compute profile (:data:`PROFILES`: ``paper`` keeps the spec's sizes with LoRA,
    ``paper-full`` the spec's sizes with full fine-tuning; ``cpu`` shrinks every size to minutes
-   on 2 CPU cores, with LoRA; :data:`optima_trainers.config.presets.CPU_ENGINE` is the
-   CTranslate2 alternative, not the default: see its docstring), then the backend's extras for
-   that profile;
+   on 2 CPU cores, with LoRA), then the backend's extras for that profile;
 6. explicit overrides (CLI flags and ``--set``); a reward weight set here reaches the tree reward
    too, dropping a recipe's ``tree.lambda_*`` (:attr:`TreeSearchConfig.lambda_token`).
 7. the device's defaults for what is still unset: ``dtype="auto"`` (bf16 with a GPU, fp32 on CPUs)
@@ -158,8 +156,10 @@ class TrainConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
         """Rebuild from :meth:`to_dict` output; unknown keys raise :class:`ConfigError`. A config
         written before the tree reward was derived from ``reward`` (a ``tree.reward`` section) is
-        read as the same run (:func:`_upgrade`)."""
-        return from_dict(cls, _upgrade(data))
+        read as the same run (:func:`_upgrade`), and so is one holding ``generation.compute_type``,
+        the weight type of the retired CTranslate2 backend, which no other backend read
+        (:func:`_drop_retired`)."""
+        return from_dict(cls, _upgrade(_drop_retired(data)))
 
     def replace(self, **overrides: Any) -> TrainConfig:
         """A copy with dotted overrides applied (``replace(**{"reward.lambda_token": 0.4})``)."""
@@ -188,6 +188,22 @@ def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 _RUN_FIELDS = ("task", "trainer", "preset", "profile", "family")
+
+_RETIRED = {"generation": ("compute_type",)}
+"""Stored fields that no longer exist and never changed a run of today's backends: the CTranslate2
+backend's weight type (``generation.compute_type``, every config wrote it; CHANGELOG.md)."""
+
+
+def _drop_retired(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A stored config without the :data:`_RETIRED` fields (a run stored with
+    ``generation.backend="ct2"`` still fails: that backend is gone)."""
+    if not isinstance(data, Mapping):
+        return data
+    out = dict(data)
+    for section, names in _RETIRED.items():
+        if isinstance(out.get(section), Mapping):
+            out[section] = {k: v for k, v in out[section].items() if k not in names}
+    return out
 
 
 def _upgrade(data: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -36,7 +36,7 @@ engine is refused: the same seeds give other episodes under another precision or
 resumed stage would mix two engines' data. A folder holding episodes but no record was generated
 by the fp32 ``multinomial`` engine (:data:`optima_env.backends.precision.LEGACY_ENGINE`).
 
-Batch sizes: the transformers engine and CTranslate2 get ``generation.batch_size`` slots, vLLM
+Batch sizes: the transformers engine gets ``generation.batch_size`` slots, vLLM
 ``generation.vllm_max_num_seqs`` (``None``: its own default); the servers' client keeps as many
 requests in flight as the rollouts keep conversations (``generation.concurrency``, else the
 rollout's default). Every rollout sizes its conversations in flight from the engine's
@@ -83,9 +83,9 @@ class PolicyLoader:
 
     Args:
         config: the run's :class:`~optima_trainers.config.train.TrainConfig`.
-        max_model_len: the context the vLLM engine is built with (``None``: the engine's default).
-        before_engine_start: called before a vLLM engine starts (the host frees the frozen
-            readability model there: vLLM sizes itself from the memory free when it starts).
+        free_for_engine: called before a vLLM engine starts and before the kept engine wakes (the
+            host frees the frozen readability model there: vLLM sizes itself from the memory free
+            when it starts, and a wake reallocates the weights and the KV cache it slept without).
         pm: the run's plugin manager (``generation.server_weights="hook"`` calls
             ``optima_deliver_weights`` on it).
     """
@@ -100,13 +100,11 @@ class PolicyLoader:
         self,
         config: Any,
         *,
-        max_model_len: int | None,
-        before_engine_start: Callable[[], None],
+        free_for_engine: Callable[[], None],
         pm: Any = None,
     ) -> None:
         self.config = config
-        self.max_model_len = max_model_len
-        self.before_engine_start = before_engine_start
+        self.free_for_engine = free_for_engine
         self.pm = pm
         self.engine = None
         self._serving: str | None = None  # the model folder the servers' requests ask for now
@@ -121,18 +119,13 @@ class PolicyLoader:
         if self.config.generation.backend == "openai":
             return self._load_served(model)
         if self.reuses_engine and self.engine is not None:
-            self.engine.wake_up()
-            from optima_env.models import resolve_model_path
-
-            if self.engine.model_path != resolve_model_path(model):
-                self.engine.load_weights(model)
+            self.free_for_engine()
+            self.engine.wake_up(model)  # the weights, then model's weights loaded in place, then the KV cache
             return self.engine
         gen = self.config.generation
         options = gen.policy_options()
         if gen.backend == "vllm":
-            self.before_engine_start()
-            if self.max_model_len is not None:
-                options["max_model_len"] = self.max_model_len  # the same context as the envs' budget
+            self.free_for_engine()
             if self.reuses_engine and _cuda():
                 options["enable_sleep_mode"] = True  # the engine sleeps while a stage trains
         devices = (
@@ -146,7 +139,6 @@ class PolicyLoader:
                 backend=gen.backend,
                 batch_size=gen.batch_size,
                 dtype=self.config.dtype,
-                compute_type=gen.compute_type,
                 **options,
             )
         if self.reuses_engine:
@@ -334,7 +326,7 @@ rank reached the stage before the main process recorded its engine."""
 def check_stage_engine(policy: Any, folder: Path, *, record: bool = True) -> Any:
     """``policy``, once the stage ``folder`` records its engine (``engine.json``, written by the first
     load) or its record is the same; :class:`DataError` when the folder's data came from another
-    engine. Policies without an engine record (vLLM, CTranslate2, the servers) are not checked.
+    engine. Policies without an engine record (vLLM, the servers) are not checked.
     ``record=False`` (a rank other than the main process, which writes nothing in the run folder)
     checks against a record that exists and writes none."""
     engine = getattr(policy, "engine", None)

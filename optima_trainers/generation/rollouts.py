@@ -92,7 +92,7 @@ def in_flight(generation: Any, policy: ChatPolicy) -> int | None:
     it from the engine's ``capacity``: the transformers engine's batch slots, vLLM's
     ``max_num_seqs``; the servers' client declares none, so the rollout's default) for a turn
     engine or a policy declaring a ``capacity``, or ``generation.batch_size`` for a policy
-    declaring none (CTranslate2, the transformers path for models outside its fast path): as many
+    declaring none (the transformers path for models outside its fast path): as many
     conversations as its batch holds."""
     if generation.concurrency is not None:
         return generation.concurrency
@@ -238,8 +238,19 @@ def episode_summary(episodes: Sequence[Episode]) -> dict[str, float]:
 def load_readability_scorer(config: Any, pm: Any) -> Any:
     """The registered readability scorer ``config.readability_scorer`` on the frozen base model
     (``readability_model``, default ``model``)."""
+    spec = check_readability_scorer(config, pm)
+    return spec.factory(config.readability_model or config.model, dtype=config.dtype)
+
+
+def check_readability_scorer(config: Any, pm: Any) -> Any:
+    """The registered spec of ``config.readability_scorer``; a name no plugin registers is refused
+    when the run is built, not when its first stage scores."""
     specs = readability_specs(pm)
     name = config.readability_scorer
     if name not in specs:
-        raise ConfigError(f"no readability scorer {name!r}; registered: {', '.join(specs) or '(none)'}")
-    return specs[name].factory(config.readability_model or config.model, dtype=config.dtype)
+        raise ConfigError(
+            f"readability_scorer: expected one of {', '.join(map(repr, specs)) or '(none registered)'}, "
+            f"got {name!r}; set --set readability_scorer=transformers, or install the plugin that "
+            f"registers {name!r}"
+        )
+    return specs[name]

@@ -11,7 +11,6 @@ gathers the shards, scores and selects (:mod:`~optima_trainers.generation.sample
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import pluggy
 
 from optima_env.io import write_json_atomic
+from optima_env.models import context_length
 from optima_env.policy import PerAgentPolicy
 from optima_env.task import Task
 from optima_trainers.config.train import TrainConfig
@@ -28,7 +28,7 @@ from optima_trainers.generation.rollouts import GenerationContext, load_readabil
 from optima_trainers.generation.samples import generate_sample_stage
 from optima_trainers.generation.shards import Shard
 from optima_trainers.host.faults import fault_point
-from optima_trainers.host.memory import release
+from optima_trainers.host.memory import release, track
 from optima_trainers.host.runs import RunDir
 from optima_trainers.host.stages import Stage, stage_seed
 from optima_trainers.tree.stage import generate_tree_stage
@@ -57,29 +57,33 @@ class StageGeneration:
 
     @functools.cached_property
     def max_model_len(self) -> int | None:
-        """``generation.max_model_len``, else the starting model's ``max_position_embeddings``
-        (``None`` when neither says); read once per run."""
+        """``generation.max_model_len``, else the context the starting model declares (a local
+        folder or a hub id, :func:`optima_env.models.context_length`; ``None`` when neither says);
+        read once per run."""
         if self.config.generation.max_model_len is not None:
             return self.config.generation.max_model_len
-        path = Path(self.base_model) / "config.json"
-        if not path.is_file():
-            return None
-        value = json.loads(path.read_text(encoding="utf-8")).get("max_position_embeddings")
-        return value if isinstance(value, int) and value > 0 else None
+        return context_length(self.base_model)
 
-    def _prompt_budget(self, tokenizer: Any) -> int | None:
-        """The longest prompt a turn may start from: the context less the turn cap (no budget
-        without a chat tokenizer to count with, or without a known context length)."""
-        if self.max_model_len is None or not callable(getattr(tokenizer, "apply_chat_template", None)):
+    def _prompt_budget(self, policy: Any) -> int | None:
+        """The longest prompt a turn may start from: the context less the turn cap. The context is
+        the running engine's own (a vLLM engine's ``max_model_len``, which refuses longer prompts),
+        else :attr:`max_model_len`. No budget without a chat tokenizer to count with, or without a
+        known context length."""
+        if not callable(getattr(getattr(policy, "tokenizer", None), "apply_chat_template", None)):
             return None
-        return max(1, self.max_model_len - self.config.generation.max_new_tokens)
+        context = getattr(policy, "max_model_len", None)
+        if not isinstance(context, int) or isinstance(context, bool):
+            context = self.max_model_len
+        if context is None:
+            return None
+        return max(1, context - self.config.generation.max_new_tokens)
 
     def _env_kwargs(self, policy: Any, *, diverse: bool = False) -> dict[str, Any]:
         tokenizer = getattr(policy, "tokenizer", None)
         return dict(
             split=self.config.split,
             max_turns=self.config.generation.max_turns,
-            max_prompt_tokens=self._prompt_budget(tokenizer),
+            max_prompt_tokens=self._prompt_budget(policy),
             tokenizer=tokenizer,
             diverse_formats=diverse,
             message_format=self.config.generation.message_format,
@@ -103,17 +107,19 @@ class StageGeneration:
 
     def _drop_scorer(self) -> None:
         """Before a vLLM engine starts (it sizes itself from the memory free then, and refuses to
-        start below gpu_memory_utilization): the frozen readability model leaves, loaded again when
-        the stage scores."""
+        start below gpu_memory_utilization) and before the kept engine wakes (it reallocates its
+        weights and KV cache): the frozen readability model leaves, loaded again when a stage
+        scores."""
         self._scorer = None
         release()
 
     @property
     def scorer(self) -> Any:
         """The frozen base model's per-turn LM loss (the registered ``readability_scorer``; loaded
-        once, kept for the whole run)."""
+        when a stage first scores, kept until a vLLM engine starts or wakes)."""
         if self._scorer is None:
             self._scorer = load_readability_scorer(self.config, self.pm)
+            track("scorer", self._scorer)  # a test (or a user) can check it is gone at each wake
         return self._scorer
 
     def _phase(self, stage: Stage, phase: str, started: float, **extra: Any) -> None:

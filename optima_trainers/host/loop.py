@@ -49,6 +49,7 @@ from optima_env.registry import get_plugin_manager, make_task, trainer_specs
 from optima_trainers.backends.contract import StageContext, TrainerBackend
 from optima_trainers.config.train import TrainConfig, check_options
 from optima_trainers.generation.engines import PolicyLoader
+from optima_trainers.generation.rollouts import check_readability_scorer
 from optima_trainers.generation.samples import read_sample_stage
 from optima_trainers.generation.shards import Shard
 from optima_trainers.generation.stage import StageGeneration
@@ -139,6 +140,7 @@ class IterativeTrainer(StageGeneration):
         self.pm = pm or get_plugin_manager()
         _builtin_plugin(self.pm)
         self.spec, self.backend = _backend(config, self.pm)
+        check_readability_scorer(config, self.pm)
         self.progress = progress
         self.task = make_task(config.task, pm=self.pm, **dict(config.task_kwargs))
         unknown = set(config.generation.agent_models) - set(self.task.agents)
@@ -151,9 +153,7 @@ class IterativeTrainer(StageGeneration):
         self.base_model = resolve_model_path(config.model)
         self._scorer: Any = None
         self._verified: set[str] = set()
-        self.loader = PolicyLoader(
-            config, max_model_len=self.max_model_len, before_engine_start=self._drop_scorer, pm=self.pm
-        )
+        self.loader = PolicyLoader(config, free_for_engine=self._drop_scorer, pm=self.pm)
         """Loads the generation policies (with vLLM, one engine for the whole run)."""
 
     # -- driver ---------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from optima_env import make_task
@@ -139,20 +141,28 @@ def test_new_weights_reach_the_running_engine_in_place(vllm_policy, tmp_path) ->
 def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_just_trained(
     vllm_policy, tmp_path, monkeypatch
 ) -> None:
-    """A 3-stage iSFT run with generation.backend=vllm starts one engine, whose weights are loaded in
-    place twice; stage 3 generates after the engine loaded iter_01's checkpoint, and a fresh engine
-    on that checkpoint replays stage 3's episodes exactly (same jobs and seeds)."""
+    """A 3-stage iSFT run with generation.backend=vllm starts one engine (spawning its processes),
+    whose weights are loaded in place twice; the readability scorer each stage loads is gone
+    (a weak reference) whenever the engine wakes; stage 3 generates after the engine loaded
+    iter_01's checkpoint, and a fresh engine on that checkpoint replays stage 3's episodes exactly
+    (same jobs and seeds)."""
     pytest.importorskip("trl")
     from optima_env.backends.loading import load_policy
+    from optima_env.backends.vllm import VLLMPolicy
     from optima_env.io import read_episodes
     from optima_env.registry import get_plugin_manager
     from optima_trainers import IterativeTrainer, RunDir, resolve_config
-    from optima_trainers.generation import engines
+    from optima_trainers.generation import engines, stage
+    from optima_trainers.host import memory
     from optima_trainers.host.stages import stage_seed
 
     vllm_policy.close()  # the module's engine is done (this test runs last): free its memory
-    started = []
+    started, scorers, wakes = [], [], []
     monkeypatch.setattr(engines, "load_policy", lambda *a, **k: started.append(a) or load_policy(*a, **k))
+    load_scorer, wake_up = stage.load_readability_scorer, VLLMPolicy.wake_up
+    monkeypatch.setattr(stage, "load_readability_scorer", lambda *a: scorers.append(1) or load_scorer(*a))
+    monkeypatch.setattr(VLLMPolicy, "wake_up", lambda self, *a: wakes.append(memory.live()) or wake_up(self, *a))  # fmt: skip
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
     sizes = {"generation.backend": "vllm", "generation.vllm_gpu_memory_utilization": 0.2,
              "generation.max_model_len": 1024, "generation.instances": 2, "generation.num_samples": 2,
              "generation.max_turns": 2, "generation.max_new_tokens": 8, "generation.concurrency": 4,
@@ -162,6 +172,9 @@ def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_j
     trainer = IterativeTrainer(config, run_dir=RunDir.create(config, run_dir=tmp_path / "run"), progress=False)
     trainer.run()
     assert len(started) == 1  # one engine for the run
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"  # set before it started
+    assert len(wakes) == 2 and len(scorers) == 3  # stages 1 and 2 scored before the wakes
+    assert all("scorer" not in alive for alive in wakes), wakes
     checkpoint = tmp_path / "run" / "iter_01" / "checkpoint"
     stored = read_episodes(tmp_path / "run" / "iter_02" / "episodes.jsonl")
     fresh = load_policy(str(checkpoint), backend="vllm", dtype="float32", max_model_len=1024,

@@ -207,11 +207,9 @@ def test_a_template_without_a_default_system_prompt_is_unchanged() -> None:
     assert turn_template(Llama3Template()) == expected == turn_template(Llama3Template(), system="template")
 
 
-def test_both_readability_scorers_take_the_same_system_switch() -> None:
+def test_the_readability_scorer_leaves_out_a_templates_default_system_prompt() -> None:
     import inspect
 
-    from optima_env.backends.ct2_readability import CTranslate2LMLoss
     from optima_env.readability import TransformersLMLoss
 
-    for cls in (TransformersLMLoss, CTranslate2LMLoss):
-        assert inspect.signature(cls).parameters["system"].default == "none"
+    assert inspect.signature(TransformersLMLoss).parameters["system"].default == "none"

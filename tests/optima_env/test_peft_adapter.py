@@ -79,6 +79,7 @@ def test_an_adapter_names_its_base_and_embedded_resolves_offline(folders, tmp_pa
     assert peft_adapter.is_adapter(adapter) and not peft_adapter.is_adapter(trained)
     assert not peft_adapter.is_adapter("embedded")
     assert peft_adapter.adapter_base(adapter) == base
+    assert peft_adapter.content_hash(adapter) != peft_adapter.content_hash(trained)
     config = json.loads((adapter / "adapter_config.json").read_text())
     (tmp_path / "adapter_config.json").write_text(
         json.dumps({**config, "base_model_name_or_path": "embedded"})
@@ -128,7 +129,7 @@ def test_the_benchmarks_accept_a_verified_adapter_and_vllm_refuses_one(folders, 
     requests = chat_requests(2)
     assert policy.generate(requests, GREEDY) == trained_policy.generate(requests, GREEDY)
     with pytest.raises(
-        TaskContractError, match=r"backend vllm loads full model folders.*--backend hf or ct2"
+        TaskContractError, match=r"backend vllm loads full model folders.*--backend hf \(it merges"
     ):
         load_policy(str(folders[2]), backend="vllm")
 
@@ -144,18 +145,3 @@ def test_an_adapter_with_its_own_tokenizer_brings_it(folders, tmp_path) -> None:
     model, tokenizer = peft_adapter.load_merged(tmp_path / "adapter", device="cpu")
     assert tokenizer.model_max_length == 1234 and tokenizer.padding_side == "left"
     assert not model.training
-
-
-@pytest.mark.slow
-def test_ct2_converts_an_adapter_into_the_trained_model(folders, tmp_path) -> None:
-    pytest.importorskip("ctranslate2")
-    from optima_env.backends.ct2 import CTranslate2Policy
-    from optima_env.backends.ct2_convert import content_hash
-
-    _, trained, adapter = folders
-    assert content_hash(adapter) != content_hash(trained)
-    kwargs = dict(compute_type="float32", intra_threads=1, cache_root=tmp_path)
-    from_adapter = CTranslate2Policy.from_pretrained(str(adapter), **kwargs)
-    from_trained = CTranslate2Policy.from_pretrained(str(trained), **kwargs)
-    requests = chat_requests(4)
-    assert from_adapter.generate(requests, GREEDY) == from_trained.generate(requests, GREEDY)

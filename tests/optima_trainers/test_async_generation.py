@@ -192,7 +192,7 @@ def test_generation_settings_are_validated() -> None:
 def test_conversations_in_flight_come_from_the_engine_unless_set() -> None:
     from optima_trainers.generation.rollouts import in_flight
 
-    script = ScriptedPolicy(lambda r: "hi")  # declares no capacity (as CTranslate2): its batch size
+    script = ScriptedPolicy(lambda r: "hi")  # declares no capacity: its batch size
     assert in_flight(GenerationConfig(batch_size=7), script) == 7
     assert in_flight(GenerationConfig(batch_size=7), UnevenEngine()) is None  # rollout asks .capacity
     assert in_flight(GenerationConfig(batch_size=7, concurrency=3), UnevenEngine()) == 3

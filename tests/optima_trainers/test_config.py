@@ -108,7 +108,8 @@ def test_typed_overrides_by_dotted_name() -> None:
             "unknown config field 'reward.lamda_token'; did you mean reward.lambda_token",
         ),
         ({"sft": 1}, "is a section"),
-        ({"generation.backend": "tpu"}, "expected one of 'hf', 'vllm', 'ct2'"),
+        ({"generation.backend": "tpu"}, "expected one of 'hf', 'vllm', 'openai'"),
+        ({"generation.backend": "ct2"}, "expected one of 'hf', 'vllm', 'openai', got 'ct2'"),
         ({"generation.num_samples": 2.5}, "expected an int"),
     ],
 )
@@ -164,6 +165,20 @@ def test_config_round_trips_through_json() -> None:
         TrainConfig.from_dict({**config.to_dict(), "sft": {**config.to_dict()["sft"], "bogus": 1}})
 
 
+def test_a_config_stored_before_the_ctranslate2_backend_was_retired_reads_as_the_same_run() -> None:
+    """Every stored config holds ``generation.compute_type`` (CTranslate2's weight type, read by no
+    other backend): it is dropped; a run stored with that backend cannot be read."""
+    config = resolve_config("ie/synth-v0", "isft")
+    stored = config.to_dict()
+    stored["generation"] = {**stored["generation"], "compute_type": "int8"}
+    assert TrainConfig.from_dict(stored) == config
+    stored["generation"]["backend"] = "ct2"
+    with pytest.raises(ConfigError, match="expected one of 'hf', 'vllm', 'openai', got 'ct2'"):
+        TrainConfig.from_dict(stored)
+    with pytest.raises(ConfigError, match=r"unknown config field 'generation\.compute_type'"):
+        resolve_config("ie/synth-v0", "isft", overrides={"generation.compute_type": "int8"})
+
+
 def test_stage_plans() -> None:
     def names(trainer: str, k: int) -> list[str]:
         return [s.name for s in plan_stages(resolve_config("ie/synth-v0", trainer, iterations=k))]
@@ -179,24 +194,3 @@ def test_stage_plans() -> None:
     ]
     debate = plan_stages(resolve_config("debate/gsm8k-v0", "isft", iterations=2))
     assert [s.start for s in debate] == ["base", "base"]  # debate SFT restarts from the base model
-
-
-def test_the_ctranslate2_engine_is_an_option_not_the_cpu_default(monkeypatch) -> None:
-    """The cpu profile keeps the transformers engine (faster on multi-turn rollouts here, README
-    "Performance"); CTranslate2 is one mapping away, and reported missing when not installed."""
-    import importlib.util
-
-    from optima_trainers.config.presets import CPU_ENGINE, fast_cpu_engine
-
-    cpu = resolve_config("ie/synth-v0", "isft", profile="cpu")
-    assert (cpu.generation.backend, cpu.readability_scorer) == ("hf", "transformers")
-    ct2 = resolve_config("ie/synth-v0", "isft", profile="cpu", overrides=CPU_ENGINE)
-    assert (ct2.generation.backend, ct2.generation.compute_type, ct2.readability_scorer) == (
-        "ct2",
-        "int8",
-        "ct2",
-    )
-    installed = importlib.util.find_spec("ctranslate2") is not None
-    assert fast_cpu_engine() == (CPU_ENGINE if installed else {})
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)  # not installed
-    assert fast_cpu_engine() == {}

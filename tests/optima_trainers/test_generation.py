@@ -72,3 +72,29 @@ def test_scoring_groups_by_instance_and_keeps_order(tmp_path: Path) -> None:
         group = [e for e in scored if e.sample_id == sample_id]
         longest = max(e.num_tokens for e in group)
         assert all(e.reward.normalizer == longest for e in group)
+
+
+def test_the_prompt_budget_is_the_running_engines_context_less_the_turn_cap(tmp_path: Path) -> None:
+    """A running engine's own context (a vLLM engine's ``max_model_len``) comes first; otherwise
+    ``generation.max_model_len``, else the starting model's config; no chat tokenizer, no budget."""
+    pytest.importorskip("transformers")
+    from optima_env.models import load_tokenizer, resolve_model_path
+    from optima_trainers import IterativeTrainer, RunDir, resolve_config
+
+    tokenizer = load_tokenizer(resolve_model_path("embedded"))
+
+    class Engine:
+        def __init__(self, tokenizer, max_model_len=None):
+            self.tokenizer = tokenizer
+            if max_model_len is not None:
+                self.max_model_len = max_model_len
+
+    budgets = []
+    for name, overrides in (("model", {}), ("set", {"generation.max_model_len": 2048})):
+        config = resolve_config("ie/synth-v0", "isft", profile="cpu",
+                                overrides={"generation.max_new_tokens": 100, **overrides})  # fmt: skip
+        run_dir = RunDir.create(config, run_dir=tmp_path / name)
+        trainer = IterativeTrainer(config, run_dir=run_dir, progress=False)
+        engines = (Engine(tokenizer, 1024), Engine(tokenizer), Engine(None))
+        budgets.append([trainer._prompt_budget(engine) for engine in engines])
+    assert budgets == [[924, 8192 - 100, None], [924, 2048 - 100, None]]

@@ -75,7 +75,7 @@ def models(tmp_path_factory) -> tuple[Path, Path, Path]:
 def loader_for(base: Path, urls: list[str], pm=None, **generation) -> PolicyLoader:
     overrides = {"generation.backend": "openai", "generation.base_urls": urls, **generation}
     config = resolve_config("ie/synth-v0", "isft", profile="cpu", model=str(base), overrides=overrides)
-    return PolicyLoader(config, max_model_len=None, before_engine_start=lambda: None, pm=pm)
+    return PolicyLoader(config, free_for_engine=lambda: None, pm=pm)
 
 
 def ask(policy) -> list[str]:
