@@ -35,6 +35,7 @@ __all__ = [
     "file_lock",
     "load_model",
     "load_tokenizer",
+    "read_model_config",
     "resolve_model_path",
     "source_folder",
 ]
@@ -150,29 +151,31 @@ CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_
 """Config fields that give a model's context length, in the order vLLM reads them."""
 
 
-def context_length(name_or_path: str) -> int | None:
-    """The context length (tokens) that ``embedded``, a local folder or a hub id declares in its
-    config: the first of :data:`CONTEXT_FIELDS`, in the text config of a multimodal model. ``None``
-    for a path with no config, or a config naming none; a hub id is read through transformers'
-    ``AutoConfig`` (the HF cache, else the hub), and one that cannot be read is ``None`` with a
-    warning (the engine that loads the model reports it properly)."""
+def read_model_config(name_or_path: str) -> dict[str, Any] | None:
+    """The ``config.json`` of ``embedded``, a local folder or a hub id, as a dict. ``None`` for a
+    path with no config; a hub id is read through transformers' ``AutoConfig`` (the HF cache, else
+    the hub), and one that cannot be read is ``None`` with a warning (the engine that loads the
+    model reports it properly)."""
     path = resolve_model_path(name_or_path)
     if os.path.isdir(path):
         file = Path(path) / "config.json"
-        if not file.is_file():
-            return None
-        config = json.loads(file.read_text(encoding="utf-8"))
-        config = config.get("text_config") or config
-    elif os.path.exists(path) or path.startswith((".", "/")):
+        return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
+    if os.path.exists(path) or path.startswith((".", "/")):
         return None
-    else:
-        transformers = require("transformers", "train")
-        try:
-            config = transformers.AutoConfig.from_pretrained(path).get_text_config().to_dict()
-        except Exception as exc:
-            logger.warning("cannot read the config of %r (%s: %s): its context length is unknown",
-                           path, type(exc).__name__, exc)  # fmt: skip
-            return None
+    transformers = require("transformers", "train")
+    try:
+        return transformers.AutoConfig.from_pretrained(path).to_dict()
+    except Exception as exc:
+        logger.warning("cannot read the config of %r (%s: %s)", path, type(exc).__name__, exc)
+        return None
+
+
+def context_length(name_or_path: str) -> int | None:
+    """The context length (tokens) that a model's config declares (:func:`read_model_config`):
+    the first of :data:`CONTEXT_FIELDS`, in the text config of a multimodal model; ``None`` when
+    there is no config or it names none."""
+    config = read_model_config(name_or_path) or {}
+    config = config.get("text_config") or config
     for field in CONTEXT_FIELDS:
         value = config.get(field)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:

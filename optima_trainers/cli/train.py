@@ -49,6 +49,7 @@ from optima_env.cli_support import (
 )
 from optima_env.configtree import ConfigError, describe, field_docs, parse_sets
 from optima_env.errors import OptimaError
+from optima_trainers.host.memory_plan import GB, plan_run
 
 __all__ = ["build_parser", "main", "resolve_from_args"]
 
@@ -146,6 +147,14 @@ def build_parser(pm: Any = None) -> argparse.ArgumentParser:
         help="print the resolved config and exit; loads no model, so offline a hub --model that is not "
         "in the cache is printed with a warning that it was not checked",
     )
+    parser.add_argument(
+        "--plan-gpu-gb",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="plan the run's GPU memory for GPUs of GB (10^9 bytes) each, with a GPU's defaults, e.g. "
+        "with --print-config on a machine without one (with a GPU the run plans for it anyway)",
+    )
     add_common_flags(parser)
     return parser
 
@@ -219,7 +228,13 @@ def resolve_from_args(ns: argparse.Namespace, pm: Any) -> tuple[Any, Any]:
         preset=layers.get("preset", "code"),
         profile=profile,
         overrides=overrides,
+        device="cuda" if ns.plan_gpu_gb else None,  # planned for a GPU: its defaults (bf16, checkpointing)
     )
+    config, memory = plan_run(config, ns.plan_gpu_gb * GB if ns.plan_gpu_gb else None)
+    if memory is not None:
+        logger.info("\n".join(memory.lines()))
+        if not ns.print_config:
+            memory.check()
     if ns.print_config:
         return config, None
     _check_config_paths(config)

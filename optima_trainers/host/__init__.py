@@ -6,6 +6,7 @@
 * :mod:`~optima_trainers.host.checkpoint`: atomic checkpoints and the result record;
 * :mod:`~optima_trainers.host.adapters`: a LoRA stage's adapter, and merged weights rebuilt from it;
 * :mod:`~optima_trainers.host.memory`: what one phase held is freed before the next starts;
+* :mod:`~optima_trainers.host.memory_plan`: each phase's GPU memory, planned before the first token;
 * :mod:`~optima_trainers.host.tracking`: per-stage metrics to tensorboard, trackio or wandb;
 * :mod:`~optima_trainers.host.provenance`: the git commit a run or an export records;
 * :mod:`~optima_trainers.host.faults`: fault points for the crash-and-resume tests.
