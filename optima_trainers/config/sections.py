@@ -68,9 +68,9 @@ class GenerationConfig:
     """Conversations in flight in every rollout of the run (sampled stages, normalizer
     conversations, tree searches). ``None`` (the default): sized from the engine's ``capacity``
     (:func:`optima_env.rollout.rollout`): the transformers engine's :attr:`batch_size`, vLLM's
-    ``max_num_seqs`` (:attr:`vllm_max_num_seqs`); for the servers
-    (``backend="openai"``, no capacity of their own) the rollout's default, 32, which is also the
-    client's requests in flight (:func:`optima_trainers.generation.rollouts.in_flight`)."""
+    ``max_num_seqs`` (:attr:`vllm_max_num_seqs`); for the servers (``backend="openai"``) 128 per
+    server URL (:data:`optima_trainers.generation.engines.SERVER_CONVERSATIONS`), which is also
+    the client's requests in flight; a value below that is warned about (the servers idle)."""
     batch_size: int = 32
     """The engine's batch slots: requests the transformers engine decodes at once (its continuous
     batching admits a new turn into each slot that frees). vLLM sizes its own batch

@@ -37,10 +37,10 @@ resumed stage would mix two engines' data. A folder holding episodes but no reco
 by the fp32 ``multinomial`` engine (:data:`optima_env.backends.precision.LEGACY_ENGINE`).
 
 Batch sizes: the transformers engine gets ``generation.batch_size`` slots, vLLM
-``generation.vllm_max_num_seqs`` (``None``: its own default); the servers' client keeps as many
-requests in flight as the rollouts keep conversations (``generation.concurrency``, else the
-rollout's default). Every rollout sizes its conversations in flight from the engine's
-``capacity`` unless ``generation.concurrency`` is set.
+``generation.vllm_max_num_seqs`` (``None``: its own default); the servers' client declares a
+capacity of ``generation.concurrency``, else :data:`SERVER_CONVERSATIONS` per server URL
+(:func:`servers_in_flight`), and keeps that many requests in flight. Every rollout sizes its
+conversations in flight from the engine's ``capacity`` unless ``generation.concurrency`` is set.
 
 One GPU per rank: under N processes (``accelerate launch``, ``WORLD_SIZE`` > 1) on GPUs, each
 rank's vLLM engine starts with ``CUDA_VISIBLE_DEVICES`` narrowed to the rank's own GPUs
@@ -72,10 +72,14 @@ logger = logging.getLogger(__name__)
 
 SERVER_TIMEOUT_S = 900.0
 """Seconds the trainer waits for one turn from a server (a read timeout is retried, not failed over)."""
+SERVER_CONVERSATIONS = 128
+"""Conversations in flight per server URL unless ``generation.concurrency`` says otherwise: a vLLM
+server batches up to its ``max_num_seqs`` (256 by default on GPUs) and each conversation has one
+request in flight at a time, so fewer leave its batch part empty."""
 SERVER_LORA_SUFFIX = "-server-lora"
 """The adapter exported for the servers lies beside its checkpoint, named ``<checkpoint>`` + this."""
 
-__all__ = ["PolicyLoader", "rank_gpus"]
+__all__ = ["SERVER_CONVERSATIONS", "PolicyLoader", "rank_gpus", "servers_in_flight"]
 
 
 class PolicyLoader:
@@ -170,18 +174,19 @@ class PolicyLoader:
         """The servers' client, asking for ``model``'s weights (delivered first if needed)."""
         from optima_env.backends.openai import OpenAIChatPolicy
         from optima_env.models import load_tokenizer, resolve_model_path
-        from optima_env.rollout import DEFAULT_CONCURRENCY
 
         gen = self.config.generation
         path = resolve_model_path(model)
         if self.engine is None:
+            conversations = servers_in_flight(gen)
             self.engine = OpenAIChatPolicy(  # a turn of max_new_tokens on a busy server may take minutes
                 gen.served_model or "",
                 gen.base_urls,
-                max_concurrency=gen.concurrency or DEFAULT_CONCURRENCY,  # as many as conversations in flight
+                max_concurrency=conversations,  # one request per conversation in flight
                 prefix_mode="continue",
                 timeout=SERVER_TIMEOUT_S,
             )
+            self.engine.capacity = conversations  # the rollouts keep that many conversations
         policy = self.engine
         if self._serving == path:
             return policy
@@ -258,6 +263,22 @@ def _cuda() -> bool:
 
     torch = sys.modules.get("torch")
     return torch is not None and bool(torch.cuda.is_available())
+
+
+def servers_in_flight(gen: Any) -> int:
+    """Conversations in flight on the servers of ``gen.base_urls``: ``generation.concurrency``, else
+    :data:`SERVER_CONVERSATIONS` per URL; fewer than that per URL is logged as a warning."""
+    default = SERVER_CONVERSATIONS * len(gen.base_urls)
+    if gen.concurrency is None:
+        return default
+    if gen.concurrency < default:
+        logger.warning(
+            "generation.concurrency=%d keeps about %.0f conversations in flight per server (%d servers), "
+            "where a vLLM server batches up to its max_num_seqs (256 by default on GPUs): the servers "
+            "idle; leave generation.concurrency unset (%d per server)",
+            gen.concurrency, gen.concurrency / len(gen.base_urls), len(gen.base_urls), SERVER_CONVERSATIONS,
+        )  # fmt: skip
+    return gen.concurrency
 
 
 def rank_gpus(env: Mapping[str, str], device_count: int, tensor_parallel_size: int = 1) -> str | None:

@@ -90,7 +90,7 @@ def in_flight(generation: Any, policy: ChatPolicy) -> int | None:
     """The conversations in flight of every rollout the trainer makes with ``policy``:
     ``generation.concurrency`` when set; else ``None`` (:func:`~optima_env.rollout.rollout` sizes
     it from the engine's ``capacity``: the transformers engine's batch slots, vLLM's
-    ``max_num_seqs``; the servers' client declares none, so the rollout's default) for a turn
+    ``max_num_seqs``, the servers' client's conversations per server) for a turn
     engine or a policy declaring a ``capacity``, or ``generation.batch_size`` for a policy
     declaring none (the transformers path for models outside its fast path): as many
     conversations as its batch holds."""

@@ -17,7 +17,12 @@ from optima_env import ConfigError, PluginError, get_plugin_manager, hookimpl
 from optima_env.policy import GenerationRequest, SamplingParams
 from optima_trainers import resolve_config
 from optima_trainers.config.train import GenerationConfig
-from optima_trainers.generation.engines import SERVER_LORA_SUFFIX, PolicyLoader
+from optima_trainers.generation.engines import (
+    SERVER_CONVERSATIONS,
+    SERVER_LORA_SUFFIX,
+    PolicyLoader,
+    servers_in_flight,
+)
 from tests.optima_env.test_backends_openai import LoraServer, StubServer  # skips without httpx
 from tests.optima_trainers.tiny_model import add_low_rank_delta, make_tiny_model
 
@@ -85,12 +90,27 @@ def ask(policy) -> list[str]:
 
 
 @pytest.mark.slow
+def test_the_servers_keep_128_conversations_each_in_flight_unless_set(caplog) -> None:
+    import logging
+
+    gen = GenerationConfig(backend="openai", base_urls=URLS)
+    with caplog.at_level(logging.WARNING, logger="optima_trainers.generation.engines"):
+        assert servers_in_flight(gen) == 2 * SERVER_CONVERSATIONS == 256
+        assert not caplog.records
+        assert servers_in_flight(GenerationConfig(backend="openai", base_urls=URLS, concurrency=512)) == 512
+        assert not caplog.records
+        assert servers_in_flight(GenerationConfig(backend="openai", base_urls=URLS, concurrency=32)) == 32
+    warning = "generation.concurrency=32 keeps about 16 conversations in flight per server (2 servers)"
+    assert warning in caplog.text
+
+
 def test_each_stage_checkpoint_reaches_every_server_as_a_runtime_lora_adapter(models) -> None:
     base, lora, _ = models
     with LoraServer() as a, LoraServer() as b:
         loader = loader_for(base, [a.url, b.url])
         try:
             first = loader.load(str(base))  # the starting model: the name the servers serve it as
+            assert first.capacity == first.max_concurrency == 2 * SERVER_CONVERSATIONS  # rollouts keep it
             assert first.model == "base" and ask(first) == ["Alice:base says hi"] * 6
             assert first.tokenizer is not None and first.tokenizer.name_or_path == str(base)
             second = loader.load(str(lora))
