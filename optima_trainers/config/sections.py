@@ -53,23 +53,24 @@ class GenerationConfig:
     ``--served-model-name``); ``None``: the one base model their ``/v1/models`` lists."""
     server_weights: Literal["lora", "hook"] = "lora"
     """``backend="openai"``: how a stage's trained weights reach the servers. ``lora``: the
-    checkpoint's difference from the starting model is exported as a LoRA adapter
-    (:func:`optima_trainers.cli.export.export_lora`, rank :attr:`server_lora_rank`) next to it and
+    checkpoint's difference from the starting model is written as a LoRA adapter next to it (the
+    stages' own adapters stacked, exact, at the sum of their ranks; else an SVD at
+    :attr:`server_lora_rank`: :func:`optima_trainers.generation.servers.server_adapter`) and
     loaded at run time (vLLM's ``/v1/load_lora_adapter``; servers started with ``--enable-lora``
     and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, reading the run folder at the same path);
     ``hook``: a plugin's ``optima_deliver_weights`` (full fine-tuning: vLLM cannot swap a
     server's full weights at run time)."""
     server_lora_rank: int = 16
-    """``server_weights="lora"``: rank of the exported adapter; exact when the checkpoint differs
-    from the starting model by a LoRA of at most this rank (a stage trained from the base model
-    with ``sft.lora_r`` <= it), else the best approximation of that rank (its error is logged).
-    The servers need ``--max-lora-rank`` >= it."""
+    """``server_weights="lora"``, for a checkpoint without stage adapters to stack (full
+    fine-tuning somewhere in its chain): rank of the SVD-exported adapter, the best approximation
+    of that rank (its error is logged). The servers need ``--max-lora-rank`` >= it (and >= the sum
+    of the stacked stages' ranks)."""
     concurrency: int | None = None
     """Conversations in flight in every rollout of the run (sampled stages, normalizer
     conversations, tree searches). ``None`` (the default): sized from the engine's ``capacity``
     (:func:`optima_env.rollout.rollout`): the transformers engine's :attr:`batch_size`, vLLM's
     ``max_num_seqs`` (:attr:`vllm_max_num_seqs`); for the servers (``backend="openai"``) 128 per
-    server URL (:data:`optima_trainers.generation.engines.SERVER_CONVERSATIONS`), which is also
+    server URL (:data:`optima_trainers.generation.servers.SERVER_CONVERSATIONS`), which is also
     the client's requests in flight; a value below that is warned about (the servers idle)."""
     batch_size: int = 32
     """The engine's batch slots: requests the transformers engine decodes at once (its continuous

@@ -16,10 +16,10 @@ With ``generation.backend="openai"`` the run generates on OpenAI-compatible vLLM
 conversations stick to one server and move only when it fails). Every server serves the run's
 starting model; each stage's weights reach them without a restart:
 
-* ``generation.server_weights="lora"`` (the default): the stage's checkpoint (a merged model
-  folder) is exported once as a LoRA adapter of its difference from the starting model
-  (:func:`optima_trainers.cli.export.export_lora`, rank ``generation.server_lora_rank``, float32) into
-  ``<checkpoint>-server-lora`` beside it, and loaded on every server at run time under the name
+* ``generation.server_weights="lora"`` (the default): the stage's checkpoint is written once as
+  a LoRA adapter of its difference from the starting model into ``<checkpoint>-server-lora``
+  beside it (:func:`optima_trainers.generation.servers.server_adapter`: the stages' own adapters
+  stacked, exact; else an SVD of the change), and loaded on every server at run time under the name
   ``optima-<content hash>`` (vLLM's ``/v1/load_lora_adapter``); the stage's requests ask for
   that name, and the previous stage's adapter is unloaded. The starting model itself is asked
   for by its served name (``generation.served_model``, else what ``/v1/models`` lists).
@@ -64,22 +64,19 @@ from typing import Any
 
 from optima_env.backends.loading import load_policy
 from optima_env.backends.precision import LEGACY_ENGINE
-from optima_env.errors import ConfigError, DataError, PluginError
+from optima_env.errors import DataError
 from optima_env.io import read_json_object, write_json_atomic
+from optima_trainers.generation.servers import (
+    SERVER_TIMEOUT_S,
+    delivered,
+    server_adapter,
+    servers_in_flight,
+)
 from optima_trainers.host.memory import release
 
 logger = logging.getLogger(__name__)
 
-SERVER_TIMEOUT_S = 900.0
-"""Seconds the trainer waits for one turn from a server (a read timeout is retried, not failed over)."""
-SERVER_CONVERSATIONS = 128
-"""Conversations in flight per server URL unless ``generation.concurrency`` says otherwise: a vLLM
-server batches up to its ``max_num_seqs`` (256 by default on GPUs) and each conversation has one
-request in flight at a time, so fewer leave its batch part empty."""
-SERVER_LORA_SUFFIX = "-server-lora"
-"""The adapter exported for the servers lies beside its checkpoint, named ``<checkpoint>`` + this."""
-
-__all__ = ["SERVER_CONVERSATIONS", "PolicyLoader", "rank_gpus", "servers_in_flight"]
+__all__ = ["PolicyLoader", "rank_gpus"]
 
 
 class PolicyLoader:
@@ -112,6 +109,24 @@ class PolicyLoader:
         self.pm = pm
         self.engine = None
         self._serving: str | None = None  # the model folder the servers' requests ask for now
+        self.lineage: dict[str, tuple[str, ...] | None] = {}
+        """Each stage checkpoint's adapters, stage by stage from the run's starting model (``None``:
+        a stage without one, full fine-tuning), as the host records them (:meth:`record_stage`)."""
+
+    def record_stage(self, checkpoint: str, start: str) -> None:
+        """``checkpoint`` was trained from ``start`` (the run's starting model or an earlier stage's
+        checkpoint): its adapters are ``start``'s and then its own ``adapter/`` folder."""
+        from optima_env.models import resolve_model_path
+        from optima_trainers.host.adapters import ADAPTER_FOLDER
+
+        key, start_key = _key(checkpoint), _key(start)
+        if key == start_key:
+            return
+        base = start_key == _key(resolve_model_path(self.config.model))
+        before = () if base else self.lineage.get(start_key)
+        adapter = Path(checkpoint) / ADAPTER_FOLDER
+        own = (adapter / "adapter_config.json").is_file()
+        self.lineage[key] = (*before, str(adapter)) if before is not None and own else None
 
     @property
     def reuses_engine(self) -> bool:
@@ -191,71 +206,19 @@ class PolicyLoader:
         if self._serving == path:
             return policy
         if gen.server_weights == "hook":
-            policy.serve(self._delivered(path))
+            policy.serve(delivered(self.pm, path, gen.base_urls))
         elif path == resolve_model_path(self.config.model):
             policy.serve(gen.served_model or policy.served_base_model())
         else:
-            name, adapter = self._server_adapter(path)
+            name, adapter = server_adapter(self.config, path, self.lineage.get(_key(path)))
             policy.serve(name, adapter=adapter)
         policy.tokenizer = load_tokenizer(path)  # turns are counted with the generating model's
         self._serving = path
         logger.info("generating on %s with %s (model %r)", ", ".join(gen.base_urls), path, policy.model)
         return policy
 
-    def _server_adapter(self, checkpoint: str) -> tuple[str, str]:
-        """``(name, folder)`` of the LoRA adapter of ``checkpoint`` minus the starting model,
-        exported beside the checkpoint (once, under a file lock: the other ranks of a
-        data-parallel run, and a rerun, verify and reuse it)."""
-        from optima_env.models import file_lock
-        from optima_trainers.cli.export import export_lora
-
-        gen = self.config.generation
-        out = Path(checkpoint).with_name(Path(checkpoint).name + SERVER_LORA_SUFFIX)
-        try:
-            with file_lock(out.with_name(out.name + ".lock")):
-                manifest = export_lora(
-                    self.config.model, checkpoint, out, rank=gen.server_lora_rank, dtype="float32"
-                )
-        except DataError as exc:
-            raise ConfigError(
-                f"generation.server_weights=lora cannot carry {checkpoint} as a LoRA adapter of "
-                f"{self.config.model!r}: {exc}. A fully fine-tuned checkpoint reaches vLLM servers through "
-                "generation.server_weights=hook and a plugin implementing optima_deliver_weights "
-                '(README "Generating on vLLM servers")'
-            ) from exc
-        error = manifest["delta_relative_error"]["max"]
-        if error > 1e-3:
-            logger.warning(
-                "the rank-%d adapter of %s approximates its weight change with relative error up to %.2e "
-                "(the change has a higher rank); raise generation.server_lora_rank (and the servers' "
-                "--max-lora-rank) to generate with the exact weights",
-                gen.server_lora_rank,
-                checkpoint,
-                error,
-            )
-        return f"optima-{manifest['source_hash'][:16]}", str(out.resolve())
-
-    def _delivered(self, checkpoint: str) -> str:
-        """The model name a plugin's ``optima_deliver_weights`` put ``checkpoint`` on the servers as."""
-        gen = self.config.generation
-        name = None
-        if self.pm is not None:
-            from optima_trainers.hookspecs import add_trainer_hookspecs
-
-            add_trainer_hookspecs(self.pm)
-            name = self.pm.hook.optima_deliver_weights(checkpoint=checkpoint, base_urls=list(gen.base_urls))
-        if name is None:
-            raise PluginError(
-                f"generation.server_weights=hook, but no plugin delivered {checkpoint} to the servers "
-                f"{list(gen.base_urls)}: register one implementing optima_deliver_weights (README "
-                '"Generating on vLLM servers"), or use generation.server_weights=lora for LoRA training'
-            )
-        if not isinstance(name, str) or not name:
-            raise PluginError(
-                "optima_deliver_weights must return the model name to request (a non-empty str), "
-                f"got {name!r}"
-            )
-        return name
+def _key(path: str) -> str:
+    return str(Path(path).resolve())
 
 
 def _cuda() -> bool:
@@ -263,22 +226,6 @@ def _cuda() -> bool:
 
     torch = sys.modules.get("torch")
     return torch is not None and bool(torch.cuda.is_available())
-
-
-def servers_in_flight(gen: Any) -> int:
-    """Conversations in flight on the servers of ``gen.base_urls``: ``generation.concurrency``, else
-    :data:`SERVER_CONVERSATIONS` per URL; fewer than that per URL is logged as a warning."""
-    default = SERVER_CONVERSATIONS * len(gen.base_urls)
-    if gen.concurrency is None:
-        return default
-    if gen.concurrency < default:
-        logger.warning(
-            "generation.concurrency=%d keeps about %.0f conversations in flight per server (%d servers), "
-            "where a vLLM server batches up to its max_num_seqs (256 by default on GPUs): the servers "
-            "idle; leave generation.concurrency unset (%d per server)",
-            gen.concurrency, gen.concurrency / len(gen.base_urls), len(gen.base_urls), SERVER_CONVERSATIONS,
-        )  # fmt: skip
-    return gen.concurrency
 
 
 def rank_gpus(env: Mapping[str, str], device_count: int, tensor_parallel_size: int = 1) -> str | None:

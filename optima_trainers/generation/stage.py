@@ -106,17 +106,18 @@ class StageGeneration:
         self.loader.release(policy)
 
     def _drop_scorer(self) -> None:
-        """Before a vLLM engine starts (it sizes itself from the memory free then, and refuses to
-        start below gpu_memory_utilization) and before the kept engine wakes (it reallocates its
-        weights and KV cache): the frozen readability model leaves, loaded again when a stage
-        scores."""
+        """Before a stage trains, before a vLLM engine starts (it sizes itself from the memory free
+        then, and refuses to start below gpu_memory_utilization) and before the kept engine wakes
+        (it reallocates its weights and KV cache): the frozen readability model leaves, loaded
+        again when a stage scores (:mod:`optima_trainers.host.memory_plan` plans it resident only
+        while a stage scores, and beside the engine in tree stages)."""
         self._scorer = None
         release()
 
     @property
     def scorer(self) -> Any:
         """The frozen base model's per-turn LM loss (the registered ``readability_scorer``; loaded
-        when a stage first scores, kept until a vLLM engine starts or wakes)."""
+        when a stage scores, dropped before it trains and before a vLLM engine starts or wakes)."""
         if self._scorer is None:
             self._scorer = load_readability_scorer(self.config, self.pm)
             track("scorer", self._scorer)  # a test (or a user) can check it is gone at each wake

@@ -22,17 +22,20 @@ the check of the rebuilt files against the checkpoint's manifest.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from optima_env.backends.peft_adapter import file_sha256
-from optima_env.errors import CorruptCheckpointError, require
+from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS, file_sha256
+from optima_env.errors import CorruptCheckpointError, DataError, require
 from optima_trainers.host.checkpoint import is_complete, manifest_entries
 
-__all__ = ["ADAPTER_FOLDER", "missing_files", "restore_weights", "save_lora_checkpoint"]
+__all__ = ["ADAPTER_FOLDER", "missing_files", "restore_weights", "save_lora_checkpoint", "stack_adapters"]
 
 logger = logging.getLogger("optima_trainers.host.adapters")
 
@@ -129,3 +132,46 @@ def restore_weights(
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("restored %s of %s from its adapter", ", ".join(missing), checkpoint)
     return missing
+
+
+_NOT_STACKABLE = ("use_dora", "rank_pattern", "alpha_pattern", "modules_to_save")
+
+
+def stack_adapters(adapters: Sequence[str | os.PathLike[str]]) -> tuple[dict[str, tuple[Any, Any]], int]:
+    """The LoRA factors ``{module: (A, B)}`` (fp32, scaling 1) whose weight change is exactly the
+    sum of ``adapters``' changes, and their rank: the adapters of successive stages, each trained
+    on the model the ones before it were merged into, so the last stage's model is the first
+    stage's start model plus that sum. For each module the stages' ``A`` are stacked and their
+    ``B``, each times its own scaling (``lora_alpha / r``, or ``/ sqrt(r)`` with rsLoRA), set side
+    by side: ``B @ A = sum_i s_i B_i @ A_i``. The rank is the sum of the stages' ranks.
+
+    Raises:
+        DataError: an adapter is not a plain LoRA (DoRA, per-module ranks, trained biases or other
+            modules saved), or the stages adapt different modules.
+    """
+    torch = require("torch", "train")
+    safetensors_torch = require("safetensors.torch", "train")
+    factors: dict[str, tuple[list[Any], list[Any]]] = {}
+    rank = 0
+    for number, folder in enumerate(Path(a) for a in adapters):
+        config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+        unsupported = [k for k in _NOT_STACKABLE if config.get(k)]
+        if config.get("bias", "none") != "none":
+            unsupported.append("bias")
+        if unsupported:
+            raise DataError(f"{folder}: {unsupported} set; only plain LoRA adapters stack exactly")
+        r, alpha = int(config["r"]), float(config["lora_alpha"])
+        scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+        weights = safetensors_torch.load_file(str(folder / ADAPTER_WEIGHTS))
+        modules = {k[: -len(".lora_A.weight")] for k in weights if k.endswith(".lora_A.weight")}
+        if number and modules != set(factors):
+            raise DataError(f"{folder} adapts other modules than the stages before it; they do not stack")
+        for module in modules:
+            a = weights[f"{module}.lora_A.weight"].to(torch.float32)
+            b = weights[f"{module}.lora_B.weight"].to(torch.float32) * scale
+            factors.setdefault(module, ([], []))[0].append(a)
+            factors[module][1].append(b)
+        rank += r
+    prefix = "base_model.model."
+    stacked = {m.removeprefix(prefix): (torch.cat(a), torch.cat(b, dim=1)) for m, (a, b) in factors.items()}
+    return stacked, rank

