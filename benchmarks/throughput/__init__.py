@@ -11,4 +11,5 @@
 * :mod:`~benchmarks.throughput.loop_bench`: one training iteration per phase, per engine
   (``--suite loop``);
 * :mod:`~benchmarks.throughput.gpu_check`: the prepared device check of a GPU run.
+* :mod:`~benchmarks.throughput.gpu_check_phases`: its phases, shapes and JSON recorder.
 """

@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("trl")
 
-from benchmarks.throughput.gpu_check import PHASES, PLANS, SHAPES, Recorder, engine_check, main
+from benchmarks.throughput.gpu_check import main
+from benchmarks.throughput.gpu_check_phases import PHASES, PLANS, SHAPES, Recorder, engine_check
 
 pytestmark = pytest.mark.slow  # runs a real model: the full suite only
 
@@ -53,10 +54,20 @@ def test_dry_run_records_every_phase_with_its_numbers(dry_run) -> None:
     assert dpo["tokens"] == {"chosen": PLANS["tiny"].dpo_tokens, "rejected": PLANS["tiny"].dpo_tokens}
     readability = phases["readability"]
     assert readability["turns"] == 64 and readability["mean_loss"] > 0
+    assert phases["fork"]["fork"] == phases["fork"]["spawn"] == "no CUDA"  # both children ran, on a CPU
+    tree = phases["tree"]
+    assert tree["default_utilization"] == 0.9 and 0 < tree["planned_utilization"] < 1
+    assert tree["default"] == {"utilization": 0.9, "fits": None, "reason": "no CUDA device"}
     for name in ("build_model", "sft_stage_1", "sft_stage_2", "dpo_step", "readability"):
         engine = phases[name]["engine"]
         assert engine["utilization"] == phases["environment"]["utilization"] and engine["would_start"] is None
     assert doc["meta"]["shape"] == "tiny" and doc["meta"]["seconds"] > 0
+
+
+def test_the_8b_plan_has_llama_3s_vocabulary_and_the_specs_longest_dpo_pairs() -> None:
+    plan = PLANS["llama3-8b"]
+    assert plan.vocab == 128256 and plan.dpo_tokens == 4096 and plan.sft_tokens == 2048
+    assert llama_parameters(SHAPES["llama3-8b"], plan.vocab) == 8_030_261_248  # README "The device check"
 
 
 def test_dry_run_keeps_at_most_the_last_checkpoint(dry_run) -> None:

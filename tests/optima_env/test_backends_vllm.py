@@ -154,11 +154,12 @@ def test_new_weights_reach_the_running_engine_in_place(vllm_policy, tiny, tmp_pa
 def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_just_trained(
     vllm_policy, tiny, tmp_path, monkeypatch
 ) -> None:
-    """A 3-stage iSFT run with generation.backend=vllm starts one engine (spawning its processes),
-    whose weights are loaded in place twice; the readability scorer each stage loads is gone
-    (a weak reference) whenever the engine wakes; stage 3 generates after the engine loaded
-    iter_01's checkpoint, and a fresh engine on that checkpoint replays stage 3's episodes exactly
-    (same jobs and seeds)."""
+    """A 4-stage iSFT-DPO run (sampled, tree, sampled, tree) with generation.backend=vllm starts one
+    engine (spawning its processes), whose weights are loaded in place at each later stage; the
+    readability scorer each stage loads (the tree stages score beside the awake engine) is gone,
+    by a weak reference, whenever the engine wakes; stage 3 generates after the engine loaded the
+    tree stage's checkpoint, and a fresh engine on that checkpoint replays stage 3's episodes
+    exactly (same jobs and seeds)."""
     pytest.importorskip("trl")
     from optima_env.backends.loading import load_policy
     from optima_env.backends.vllm import VLLMPolicy
@@ -174,6 +175,7 @@ def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_j
     monkeypatch.setattr(engines, "load_policy", lambda *a, **k: started.append(a) or load_policy(*a, **k))
     load_scorer, wake_up = stage.load_readability_scorer, VLLMPolicy.wake_up
     monkeypatch.setattr(stage, "load_readability_scorer", lambda *a: scorers.append(1) or load_scorer(*a))
+
     def spied_wake_up(self, *args):  # what is alive when the engine wakes, then the real wake
         wakes.append(memory.live())
         return wake_up(self, *args)
@@ -183,33 +185,39 @@ def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_j
     sizes = {"generation.backend": "vllm", "generation.vllm_gpu_memory_utilization": 0.2,
              "generation.max_model_len": 1024, "generation.instances": 2, "generation.num_samples": 2,
              "generation.max_turns": 2, "generation.max_new_tokens": 8, "generation.concurrency": 4,
-             "sft.max_steps": 1, "selection.theta": -100.0}  # fmt: skip
+             "sft.max_steps": 1, "dpo.max_steps": 1, "selection.theta": -100.0,
+             "tree.normalizer_instances": 2, "tree.instances": 2, "tree.selections": 2, "tree.rollouts": 2,
+             "tree.theta_filter": -100.0, "tree.theta_diff": 0.0}  # fmt: skip
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    config = resolve_config("ie/synth-v0", "isft", profile="cpu", model=tiny, iterations=3, overrides=sizes)
-    trainer = IterativeTrainer(config, run_dir=RunDir.create(config, run_dir=tmp_path / "run"), progress=False)
+    config = resolve_config("ie/synth-v0", "isft-dpo", profile="cpu", model=tiny, iterations=2,
+                            overrides=sizes)  # fmt: skip
+    run = tmp_path / "run"
+    trainer = IterativeTrainer(config, run_dir=RunDir.create(config, run_dir=run), progress=False)
     trainer.run()
+    stages = ["iter_00_sft", "iter_00_dpo", "iter_01_sft", "iter_01_dpo"]  # sampled, tree, sampled, tree
+    assert sorted(p.name for p in run.glob("iter_*")) == sorted(stages)
     assert len(started) == 1  # one engine for the run
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"  # set before it started
-    assert len(wakes) == 2 and len(scorers) == 3  # stages 1 and 2 scored before the wakes
+    assert len(wakes) == 3 and len(scorers) == 4  # each stage scored once, and dropped it before the wake
     assert all("scorer" not in alive for alive in wakes), wakes
-    checkpoint = tmp_path / "run" / "iter_01" / "checkpoint"
-    stored = read_episodes(tmp_path / "run" / "iter_02" / "episodes.jsonl")
-    fresh = load_policy(str(checkpoint), backend="vllm", dtype="float32", max_model_len=1024,
-                        gpu_memory_utilization=0.2)  # fmt: skip
+    stored = read_episodes(run / "iter_01_sft" / "episodes.jsonl")
+    fresh = load_policy(str(run / "iter_00_dpo" / "checkpoint"), backend="vllm", dtype="float32",
+                        max_model_len=1024, gpu_memory_utilization=0.2)  # fmt: skip
     try:
-        gen = config.generation
+        gen, seed = config.generation, stage_seed(config.seed, "iter_01_sft")
         replay = rollout(
             trainer.task,
             fresh,
-            jobs=make_jobs(range(4, 6), gen.num_samples, stage_seed(config.seed, "iter_02")),
+            jobs=make_jobs(sorted({e.metadata["job"][0] for e in stored}), gen.num_samples, seed),
             sampling=SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_new_tokens=gen.max_new_tokens,
-                                    seed=stage_seed(config.seed, "iter_02"), stop=gen.stops(trainer.task.agents)),
+                                    seed=seed, stop=gen.stops(trainer.task.agents)),
             env_kwargs={**trainer._env_kwargs(fresh), "pm": get_plugin_manager()},
             concurrency=gen.concurrency,
             reset_options=lambda job: {"index": job.index % trainer.num_train},
         )  # fmt: skip
     finally:
         fresh.close()
+    assert len(stored) == gen.instances * gen.num_samples
     assert sorted((e.sample_id, [t.text for t in e.turns]) for e in replay) == sorted(
         (e.sample_id, [t.text for t in e.turns]) for e in stored
     )
