@@ -81,7 +81,7 @@ from optima_env.backends.peft_adapter import is_adapter
 from optima_env.cli_support import progress_silenced, run_command, setup_logging
 from optima_env.io import write_json_atomic, write_text_atomic
 from optima_env.paths import folder_lock
-from optima_trainers.host.provenance import git_commit
+from optima_trainers.run.provenance import git_commit
 
 __all__ = [
     "REPO_README",

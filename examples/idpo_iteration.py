@@ -31,9 +31,10 @@ from optima_env import EpisodeScorer, RewardConfig, make_task
 from optima_env.io import write_episodes, write_json_atomic, write_text_atomic
 from optima_env.policy import SamplingParams
 from optima_trainers.config.train import GenerationConfig, TreeSearchConfig
+from optima_trainers.config.training import DPOTrainConfig
 from optima_trainers.dpo.pairs import select_top_pairs
-from optima_trainers.dpo.records import write_pairs
-from optima_trainers.dpo.trainer import DPOTrainConfig, train_dpo
+from optima_trainers.dpo.trainer import train_dpo
+from optima_trainers.run.records import write_pairs
 from optima_trainers.tree.search import build_trees, estimate_token_normalizer
 
 

@@ -12,22 +12,26 @@ Everything the README and ``examples/`` import is an attribute of this package (
 load their module on first use. Adapters to other frameworks keep their own public namespace,
 ``optima_trainers.integrations.<framework>`` (e.g. ``integrations.trl`` for TRL's GRPO).
 
-Subpackages, one per concept (imports run one way: ``cli`` → ``host`` → ``generation`` /
-``backends`` → ``sft`` / ``dpo`` / ``tree`` → ``config``):
+Subpackages are layers: each imports only the ones before it in this order (bottom first;
+``tests/test_structure.py`` checks every import against it)::
 
-* :mod:`optima_trainers.host`: the host loop and its run (folder, checkpoints, stage records,
-  memory lifecycle, tracking, provenance, fault points);
-* :mod:`optima_trainers.generation`: a stage's generation (policies and engines, sampled stages,
-  resumable rollouts and scoring, data-parallel shards);
-* :mod:`optima_trainers.backends`: the backend contract and the built-in backends (iSFT, iDPO,
-  iSFT-DPO, GRPO), registered as a third party's would be;
+    config → run → sft → dpo → tree → generation → integrations → backends → host → cli
+
+* :mod:`optima_trainers.config`: the one configuration tree, its sections and presets;
+* :mod:`optima_trainers.run`: what every stage shares (the run folder, stage and pair records,
+  checkpoints and adapters, the LoRA export, the memory lifecycle and plan, TRL plumbing,
+  tracking, provenance, fault points);
 * :mod:`optima_trainers.sft`, :mod:`optima_trainers.dpo`, :mod:`optima_trainers.tree`: SFT
   (selection, masked data, TRL's SFTTrainer), DPO (pairs, TRL's DPOTrainer, its metrics) and the
-  MCTS-style turn tree (nodes, search, scheduler, token normalizer, tree stages);
-* :mod:`optima_trainers.config`: the one configuration tree, its sections and presets;
+  MCTS-style turn tree (nodes, search, scheduler, token normalizer);
+* :mod:`optima_trainers.generation`: a stage's generation (policies and engines, the servers,
+  sampled and tree stages, resumable rollouts and scoring, data-parallel shards);
+* :mod:`optima_trainers.integrations`: adapters to other frameworks (TRL's GRPO);
+* :mod:`optima_trainers.backends`: the backend contract and the built-in backends (iSFT, iDPO,
+  iSFT-DPO, GRPO), registered as a third party's would be;
+* :mod:`optima_trainers.host`: the host loop;
 * :mod:`optima_trainers.cli`: the command lines (``train``, ``export``);
-* :mod:`optima_trainers.hookspecs`: the training events; :mod:`optima_trainers.integrations`:
-  adapters to other frameworks (TRL's GRPO).
+* :mod:`optima_trainers.hookspecs`: the training events (a module of the package root).
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ from typing import Any
 
 from optima_env.errors import CorruptCheckpointError
 from optima_trainers.config.train import GenerationConfig, TrainConfig, TreeSearchConfig, resolve_config
-from optima_trainers.host.checkpoint import TrainResult
-from optima_trainers.host.runs import RunDir
-from optima_trainers.sft.selection import SelectionConfig, select_isft
+from optima_trainers.config.training import SelectionConfig
+from optima_trainers.run.checkpoint import TrainResult
+from optima_trainers.run.folder import RunDir
+from optima_trainers.sft.selection import select_isft
 
 __all__ = [
     "CorruptCheckpointError",
@@ -82,9 +87,9 @@ _LAZY = {  # loaded on first use: these modules reach the host loop and the back
     "ISFTDPOBackend": "optima_trainers.backends.contract",
     "sft_stages": "optima_trainers.backends.contract",
     "train_sft_stage": "optima_trainers.backends.contract",
-    "Stage": "optima_trainers.host.stages",
-    "StageData": "optima_trainers.host.stages",
-    "StageOutcome": "optima_trainers.host.stages",
+    "Stage": "optima_trainers.run.stages",
+    "StageData": "optima_trainers.run.stages",
+    "StageOutcome": "optima_trainers.run.stages",
     "conversation_messages": "optima_trainers.sft.data",
     "tokenize_with_mask": "optima_trainers.sft.data",
     "DPOTrainConfig": "optima_trainers.dpo.trainer",
@@ -92,7 +97,7 @@ _LAZY = {  # loaded on first use: these modules reach the host loop and the back
     "build_trees": "optima_trainers.tree.search",
     "estimate_token_normalizer": "optima_trainers.tree.normalizer",
     "select_top_pairs": "optima_trainers.dpo.pairs",
-    "write_pairs": "optima_trainers.dpo.records",
+    "write_pairs": "optima_trainers.run.records",
 }
 
 

@@ -23,7 +23,7 @@ import pluggy
 
 from optima_env.hookspecs import hookspec
 from optima_env.types import Episode
-from optima_trainers.host.stages import Stage, StageData
+from optima_trainers.run.stages import Stage, StageData
 
 __all__ = [
     "add_trainer_hookspecs",

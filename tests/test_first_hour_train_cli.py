@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from optima_trainers.config.train import resolve_config
-from optima_trainers.host.runs import RunDir
+from optima_trainers.run.folder import RunDir
 from tests.helpers import REPO_ROOT, ctrl_c_as_in_a_terminal
 from tests.optima_trainers.tiny_model import make_tiny_model
 
@@ -111,7 +111,7 @@ def test_default_run_names_never_collide(tmp_path) -> None:
 def test_a_run_folder_has_one_writer(tmp_path) -> None:
     run = RunDir.create(resolve_config("ie/synth-v0", "isft", profile="cpu"), run_dir=tmp_path / "run")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys,time; from optima_trainers.host.runs import RunDir\n"
+        [sys.executable, "-c", "import sys,time; from optima_trainers.run.folder import RunDir\n"
          "with RunDir(sys.argv[1]).lock():\n print('held', flush=True); time.sleep(60)", str(run.root)],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True, env=env(),
     )  # fmt: skip

@@ -21,9 +21,9 @@ import pytest
 from optima_env import DataError, make
 from optima_env.io import read_episodes
 from optima_trainers.config.train import resolve_config
-from optima_trainers.dpo.records import PreferencePair, read_pairs
-from optima_trainers.host.runs import RunDir, read_stage_result
-from optima_trainers.tree.stage import finished_chunks as _finished_chunks
+from optima_trainers.generation.tree_stage import finished_chunks as _finished_chunks
+from optima_trainers.run.folder import RunDir, read_stage_result
+from optima_trainers.run.records import PreferencePair, read_pairs
 
 BAD_UTF8 = b'{"caf\xe9": 1}'
 

@@ -88,7 +88,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycles() -> None:
     graph = _graph()
-    assert graph["optima_trainers.host.loop"] >= {"optima_trainers.tree.stage", "optima_trainers.generation.samples"}
+    assert graph["optima_trainers.host.loop"] >= {"optima_trainers.generation.tree_stage",
+                                                  "optima_trainers.generation.samples"}  # fmt: skip
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
 
 
@@ -100,6 +101,35 @@ def test_imports_go_one_way_between_the_layers() -> None:
             assert other == top or other in LAYERS[top], (
                 f"{name} imports {target} ({top} must not use {other})"
             )
+
+
+def _documented_layers(package: str) -> list[str]:
+    """The layer order a package's docstring shows: the line of subpackage names joined by ``→``."""
+    doc = importlib.import_module(package).__doc__ or ""
+    lines = [line.strip() for line in doc.splitlines() if line.count("→") >= 2 and "``" not in line]
+    assert len(lines) == 1, f"{package}'s docstring must show its layers once, as 'a → b → c'; found {lines}"
+    return [name.strip() for name in lines[0].split("→")]
+
+
+def test_the_trainers_subpackages_import_only_the_layers_below_them() -> None:
+    """``optima_trainers``' folders are ordered layers (its docstring shows the order, bottom first):
+    a module imports only modules of its own folder, of the folders below it, and the package's
+    root modules (the public API, the hookspecs); every folder is in the order."""
+    package = "optima_trainers"
+    order = _documented_layers(package)
+    folders = sorted(p.name for p in (REPO_ROOT / package).iterdir() if (p / "__init__.py").is_file())
+    assert sorted(order) == folders, f"the docstring's layers {order} must name every folder {folders}"
+    rank = {name: i for i, name in enumerate(order)}
+    upward = []
+    for name, targets in _graph().items():
+        parts = name.split(".")
+        if parts[0] != package or len(parts) < 3 or parts[1] not in rank:
+            continue
+        for target in targets:
+            other = target.split(".")
+            if other[0] == package and len(other) >= 2 and other[1] in rank and rank[other[1]] > rank[parts[1]]:
+                upward.append(f"{name} -> {target}")
+    assert not upward, "imports up the layers:\n" + "\n".join(sorted(upward))
 
 
 def test_one_jsonl_reader_and_one_policy_loader() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from benchmarks.demo.tasks import MAIN_TASK, DemoTask, eval_settings, stage_label
 from benchmarks.evaluation.methods import build_methods, with_controls
 from optima_env.configtree import parse_sets
-from optima_trainers.host.provenance import git_commit
+from optima_trainers.run.provenance import git_commit
 
 __all__ = ["evaluate_probe", "main", "probe_task"]
 

@@ -16,7 +16,7 @@ setting where no agent can answer alone, then HotpotQA when its data is present)
 2. **export** each run's final model as a LoRA adapter (``<out>/adapters/<task>/<trainer>``:
    fp16, at the task's ``adapter_rank`` or the chain's full rank, with a manifest of the command,
    git commit, config, sha256 and the truncation's error;
-   :func:`optima_trainers.cli.export.export_lora`); these are the committed adapters that the
+   :func:`optima_trainers.run.export.export_lora`); these are the committed adapters that the
    README's main command evaluates.
 3. **evaluate** on held-out instances (the test split; HotpotQA's is the dev set), greedy, with the
    same caps for every system: every stage of every run on the first ``stage_instances``, beside
@@ -189,7 +189,7 @@ def _control_method(
 def _loadable(checkpoint: str) -> bool:
     """Whether a stage's checkpoint folder holds its weights (a committed one keeps only its
     manifest, and some stages their adapter)."""
-    from optima_trainers.host.adapters import missing_files
+    from optima_trainers.run.adapters import missing_files
 
     return Path(checkpoint).is_dir() and not missing_files(checkpoint)
 

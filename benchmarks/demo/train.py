@@ -10,7 +10,7 @@ The training folders are committed without each stage's merged weights and token
 (``.gitignore``): a LoRA stage keeps its adapter (about 19 MB in fp32 at r 16 on the embedded model,
 against 540 MB merged), and a resumed run rebuilds the merged weights from it and copies the
 tokenizer from the start model, each checked bit for bit against the stage's manifest
-(:mod:`optima_trainers.host.adapters`). So a long retrain goes on across machines that
+(:mod:`optima_trainers.run.adapters`). So a long retrain goes on across machines that
 start empty, stage by stage. Once every run has finished, the record stands in for the training
 folders (a task trained before they were committed has none; a committed one may leave out some
 stages' adapters to keep a submission small): :func:`recorded_runs` gives the runs back from the
@@ -149,9 +149,9 @@ def train_run(spec: DemoTask, root: Path, trainer: str, *, progress: bool) -> Tr
     """Train (or resume) one run in ``root/train/<trainer>``. Its initialization (M_0) is adopted
     from another of the task's runs that trained it with the same settings, whichever trained it
     first; finished stages whose merged weights are missing (a committed folder keeps only their
-    adapters) are rebuilt by the run (:mod:`optima_trainers.host.adapters`)."""
+    adapters) are rebuilt by the run (:mod:`optima_trainers.run.adapters`)."""
     from optima_trainers.host.loop import IterativeTrainer, plan_stages
-    from optima_trainers.host.runs import RunDir, read_stage_result
+    from optima_trainers.run.folder import RunDir, read_stage_result
 
     folder = root / "train" / trainer
     config = _config(spec, trainer)
@@ -188,7 +188,7 @@ def chain_rank(run: TrainedRun) -> int:
             in full, or a folder from before stages kept their adapters); set the task's
             ``adapter_rank`` instead.
     """
-    from optima_trainers.host.adapters import ADAPTER_FOLDER
+    from optima_trainers.run.adapters import ADAPTER_FOLDER
 
     total = 0
     for stage, checkpoint in _distinct(run.stages):
@@ -223,7 +223,7 @@ def export_run(
 ) -> dict[str, Any]:
     """Export the run's final model as the committed adapter, at the task's ``adapter_rank`` or,
     unset, at :func:`chain_rank` (exact)."""
-    from optima_trainers.cli.export import export_lora
+    from optima_trainers.run.export import export_lora
 
     stage, checkpoint = run.stages[-1]
     return export_lora(

@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     from benchmarks.demo.train import init_result, train_run
-    from optima_trainers.host.runs import wait_for
+    from optima_trainers.run.folder import wait_for
 
     root = args.out / spec.name
     if args.after:

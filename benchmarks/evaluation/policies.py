@@ -108,7 +108,7 @@ def _verify_if_checkpoint(model: str) -> None:
     from pathlib import Path
 
     from optima_env.backends.peft_adapter import is_adapter, verify_manifest
-    from optima_trainers.host.checkpoint import COMPLETE_MARKER, require_complete
+    from optima_trainers.run.checkpoint import COMPLETE_MARKER, require_complete
 
     if (Path(model) / COMPLETE_MARKER).is_file():
         require_complete(model)

@@ -51,7 +51,7 @@ def trained_rules(checkpoints: Mapping[str, str]) -> TrainedRules | None:
     Raises:
         RunConfigError: two runs trained under different rules (the caps must be chosen).
     """
-    from optima_trainers.host.runs import RunDir
+    from optima_trainers.run.folder import RunDir
 
     found: dict[str, tuple[TrainedRules, list[str]]] = {}
     for name, path in checkpoints.items():

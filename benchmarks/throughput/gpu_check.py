@@ -16,7 +16,7 @@ loop's order:
 * ``tree``: a tree stage's peak, the scorer scoring beside an awake engine, emulated (vLLM itself is
   not in the image) by holding ``u x total`` in one allocation while the scorer loads and scores:
   at the default ``u`` = 0.9 and at the value the memory plan fits
-  (:mod:`optima_trainers.host.memory_plan`); each records whether it fit;
+  (:mod:`optima_trainers.run.memory_plan`); each records whether it fit;
 * ``sft_stage_1`` and ``sft_stage_2``: two LoRA SFT stages of :func:`optima_trainers.sft.trainer.train_sft`
   (the ``paper`` profile's ``sft`` section: 2,048-token examples, LoRA, gradient checkpointing as
   the config resolves it on the device, bf16), the second starting from the first's checkpoint;

@@ -138,7 +138,7 @@ def _chat_tokens(tokenizer: Any, messages: list[dict[str, str]]) -> int:
 def dpo_pair(tokenizer: Any, plan: Plan) -> tuple[Any, dict[str, int]]:
     """One preference pair whose prompt + chosen and prompt + rejected each render to about
     ``plan.dpo_tokens`` tokens under the chat template (the counts are returned)."""
-    from optima_trainers.dpo.records import PreferencePair
+    from optima_trainers.run.records import PreferencePair
 
     def build(prompt_tokens: int) -> Any:
         prompt = ({"role": "system", "content": _text(tokenizer, 16, 0)},
@@ -166,7 +166,7 @@ class Check:
     def __init__(self, rec: Recorder, plan: Plan, tokenizer_path: Path, work: Path) -> None:
         from optima_trainers.config.presets import PROFILES
         from optima_trainers.config.train import TrainConfig
-        from optima_trainers.sft.trainer import checkpointing_for
+        from optima_trainers.run.trl import checkpointing_for
 
         self.rec, self.plan, self.work, self.torch = rec, plan, work, rec.torch
         self.tokenizer = require("transformers", "train").AutoTokenizer.from_pretrained(tokenizer_path)
@@ -291,7 +291,7 @@ class Check:
     def tree(self, record: dict[str, Any]) -> None:
         from optima_env.models import load_model
         from optima_env.readability import TransformersLMLoss
-        from optima_trainers.host.memory_plan import ModelShape, plan_memory
+        from optima_trainers.run.memory_plan import ModelShape, plan_memory
 
         torch = self.torch
         config = json.loads((self.model_dir / "config.json").read_text(encoding="utf-8"))

@@ -6,8 +6,8 @@ of the trainer's shape, ``sft.lora_r``/``sft.lora_alpha`` on every linear layer,
 is drawn at random so that the weights differ from the base), in memory as a stage leaves it:
 
 * ``reload`` (the path before #29, ``generation.vllm_reuse_engine=false``): merge and save the
-  checkpoint (:func:`optima_trainers.host.checkpoint.atomic_checkpoint`), hash it as it is written,
-  hash it again before the next stage loads it (:func:`~optima_trainers.host.checkpoint.require_complete`),
+  checkpoint (:func:`optima_trainers.run.checkpoint.atomic_checkpoint`), hash it as it is written,
+  hash it again before the next stage loads it (:func:`~optima_trainers.run.checkpoint.require_complete`),
   start a new engine on it;
 * ``in_place`` (the default): merge, save and hash once as written, then
   :meth:`optima_env.backends.vllm.VLLMPolicy.load_weights` into the engine that generated the
@@ -122,8 +122,8 @@ def run_handoff_suite(
 
 
 def adapter_rank() -> tuple[int, int]:
-    """``(r, alpha)`` of the trainer's default LoRA (:class:`optima_trainers.sft.trainer.SFTTrainConfig`)."""
-    from optima_trainers.sft.trainer import SFTTrainConfig
+    """``(r, alpha)`` of the trainer's default LoRA (:class:`optima_trainers.config.training.SFTTrainConfig`)."""
+    from optima_trainers.config.training import SFTTrainConfig
 
     defaults = SFTTrainConfig()
     return defaults.lora_r, defaults.lora_alpha
@@ -136,7 +136,7 @@ def _prepare_adapter(model: str, folder: Path, *, seed: int) -> Path:
     import transformers
 
     from optima_env.models import resolve_model_path
-    from optima_trainers.sft.trainer import lora_config
+    from optima_trainers.run.trl import lora_config
 
     torch.set_num_threads(1)
     base = transformers.AutoModelForCausalLM.from_pretrained(resolve_model_path(model), dtype=torch.float32)
@@ -259,7 +259,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Measure one path: from the end of a stage (:func:`_stage_end`) to the first token."""
     import torch
 
-    from optima_trainers.host.checkpoint import TrainResult, atomic_checkpoint, require_complete
+    from optima_trainers.run.checkpoint import TrainResult, atomic_checkpoint, require_complete
 
     torch.set_num_threads(1)
     rss = _PeakRss()

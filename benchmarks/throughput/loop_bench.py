@@ -81,8 +81,8 @@ def _sft_alone(run: Path, *, model: str, seed: int) -> float:
 
     from optima_env.models import resolve_model_path
     from optima_trainers.config.train import TrainConfig
+    from optima_trainers.run.trl import lora_config
     from optima_trainers.sft.data import build_sft_examples
-    from optima_trainers.sft.trainer import lora_config
 
     config = TrainConfig.from_dict(json.loads((run / "config.json").read_text(encoding="utf-8")))
     path = resolve_model_path(model)

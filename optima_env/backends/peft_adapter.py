@@ -3,7 +3,7 @@
 An adapter folder holds ``adapter_config.json``, whose ``base_model_name_or_path`` names its base
 model (``embedded``, a hub name or a folder, resolved by :func:`optima_env.models.source_folder`,
 so ``embedded`` works offline), and ``adapter_model.safetensors``. One written by
-:func:`optima_trainers.cli.export.export_lora` also holds ``manifest.json`` (``files``: the sha256 of
+:func:`optima_trainers.run.export.export_lora` also holds ``manifest.json`` (``files``: the sha256 of
 every other file, checked by :func:`verify_manifest` before the adapter is loaded) and, only when
 training changed it, the tokenizer; otherwise the base model's tokenizer is used.
 

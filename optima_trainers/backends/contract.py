@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 from optima_env.errors import require
 from optima_env.task import Task
 from optima_trainers.config.train import TrainConfig
-from optima_trainers.host.stages import Stage, StageData, StageOutcome
+from optima_trainers.run.stages import Stage, StageData, StageOutcome
 
 __all__ = [
     "IDPOBackend",
@@ -65,7 +65,7 @@ class StageContext:
     """The run's starting model, resolved to a folder (the frozen readability model by default)."""
     output_dir: Path
     """Where the checkpoint goes; it must appear complete or not at all
-    (:func:`optima_trainers.host.checkpoint.atomic_checkpoint`). The host does not call
+    (:func:`optima_trainers.run.checkpoint.atomic_checkpoint`). The host does not call
     :meth:`TrainerBackend.train` when a complete checkpoint is already there (a resumed run)."""
     events: Any
     """The run's hook relay (``pm.hook``): an online backend fires

@@ -23,8 +23,8 @@ from optima_env.errors import TaskContractError, require
 from optima_env.policy import SamplingParams
 from optima_trainers.backends.contract import StageContext, TrainerBackend
 from optima_trainers.config.train import TrainConfig
-from optima_trainers.host.checkpoint import TrainResult, atomic_checkpoint, require_complete
-from optima_trainers.host.stages import Stage, StageData, StageOutcome
+from optima_trainers.run.checkpoint import TrainResult, atomic_checkpoint, require_complete
+from optima_trainers.run.stages import Stage, StageData, StageOutcome
 
 __all__ = ["GRPOBackend", "GRPOOptions", "train_grpo_stage"]
 
@@ -90,9 +90,9 @@ def train_grpo_stage(data: StageData, context: StageContext) -> StageOutcome:
     datasets = require("datasets", "train")
     from optima_env.backends.loading import load_policy
     from optima_trainers.generation.rollouts import episode_summary
-    from optima_trainers.host.memory import release, track
     from optima_trainers.integrations.trl import OptimaRollout, grpo_prompts, reward_functions
-    from optima_trainers.sft.trainer import check_report_to, free_trainer, lora_config, world_size
+    from optima_trainers.run.memory import release, track
+    from optima_trainers.run.trl import check_report_to, free_trainer, lora_config, world_size
 
     config, task = context.config, context.task
     start_model, output_dir = context.start_model, context.output_dir
@@ -193,7 +193,7 @@ def train_grpo_stage(data: StageData, context: StageContext) -> StageOutcome:
             finish(result)
     accelerator.wait_for_everyone()
     main = accelerator.is_main_process
-    free_trainer(trainer)  # the next phase needs the memory back (optima_trainers.host.memory)
+    free_trainer(trainer)  # the next phase needs the memory back (optima_trainers.run.memory)
     del trainer, model, frozen, rollout
     release()
     written = require_complete(output_dir, verify=False) if main else result  # hashed once, as written

@@ -49,7 +49,7 @@ from optima_env.cli_support import (
 )
 from optima_env.configtree import ConfigError, describe, field_docs, parse_sets
 from optima_env.errors import OptimaError
-from optima_trainers.host.memory_plan import GB, plan_run
+from optima_trainers.run.memory_plan import GB, plan_run
 
 __all__ = ["build_parser", "main", "resolve_from_args"]
 
@@ -185,7 +185,7 @@ def resolve_from_args(ns: argparse.Namespace, pm: Any) -> tuple[Any, Any]:
     """``(config, run_dir)`` from parsed arguments: a new run, or the stored one with ``--resume``."""
     from optima_env.registry import resolve_task_id, task_specs, trainer_specs
     from optima_trainers.config.train import TrainConfig, resolve_config
-    from optima_trainers.host.runs import RunDir
+    from optima_trainers.run.folder import RunDir
 
     overrides = _overrides(ns)
     layers = field_values(ns, TrainConfig, [f for f in FLAGS if f.dest in _LAYERS])
@@ -245,8 +245,8 @@ def _create_run(config: Any, ns: argparse.Namespace) -> Any:
     """A new run folder; under ``accelerate launch`` with several processes the main process
     creates it and the others open it (its path is broadcast, so every process agrees on the
     default name even when their clocks read different seconds)."""
-    from optima_trainers.host.runs import RunDir
-    from optima_trainers.sft.trainer import world_size
+    from optima_trainers.run.folder import RunDir
+    from optima_trainers.run.trl import world_size
 
     if world_size() == 1:
         return RunDir.create(config, run_dir=ns.run_dir, base=ns.runs_root)

@@ -1,6 +1,7 @@
-"""The one configuration tree of a run.
+"""The one configuration tree of a run (the bottom layer: imports no other folder of the package).
 
 * :mod:`~optima_trainers.config.train`: ``TrainConfig``, its layers and ``resolve_config``;
 * :mod:`~optima_trainers.config.sections`: the ``generation`` and ``tree`` sections;
+* :mod:`~optima_trainers.config.training`: the ``sft``, ``dpo`` and ``selection`` sections;
 * :mod:`~optima_trainers.config.presets`: reward presets, fidelity switches, compute profiles.
 """

@@ -55,9 +55,7 @@ from optima_env.configtree import (
 from optima_env.reward import RewardConfig
 from optima_trainers.config.presets import FIDELITY_PRESETS, PROFILES, REWARD_PRESETS
 from optima_trainers.config.sections import GenerationConfig, TreeSearchConfig
-from optima_trainers.dpo.trainer import DPOTrainConfig
-from optima_trainers.sft.selection import SelectionConfig
-from optima_trainers.sft.trainer import SFTTrainConfig
+from optima_trainers.config.training import DPOTrainConfig, SelectionConfig, SFTTrainConfig
 
 __all__ = [
     "FIDELITY_PRESETS",
@@ -115,7 +113,7 @@ class TrainConfig:
     minutes). ``--print-config`` shows the resolved value."""
     report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"
     """Where TRL reports training metrics, and the host loop each stage's metrics (score, tokens
-    per agent, reward terms, selection and training summaries): :mod:`optima_trainers.host.tracking`."""
+    per agent, reward terms, selection and training summaries): :mod:`optima_trainers.run.tracking`."""
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     """How conversations are sampled."""
     reward: RewardConfig = field(default_factory=RewardConfig)

@@ -6,7 +6,7 @@ switches beyond it: visits, capped and depth-cut turns, task credit);
 :func:`pairs_to_dpo_dataset` turns pairs into TRL's conversational preference format and splits
 them 90/10 without shuffling. :func:`pair_details` and :func:`append_pair_details` record every
 candidate pair of a tree stage, kept or dropped, in its ``pairs_detail.jsonl``
-(:class:`~optima_trainers.dpo.records.PairDetail`).
+(:class:`~optima_trainers.run.records.PairDetail`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from optima_env.errors import DataError, TaskContractError
 from optima_env.io import append_jsonl, read_jsonl, read_text, write_text_atomic
-from optima_trainers.dpo.records import PAIR_REASONS, PairCandidate, PairDetail, PairSide, PreferencePair
+from optima_trainers.run.records import PAIR_REASONS, PairCandidate, PairDetail, PairSide, PreferencePair
 
 __all__ = [
     "PAIR_DETAILS",
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 PAIR_DETAILS = "pairs_detail.jsonl"
-"""A tree stage's record of every candidate pair (:class:`~optima_trainers.dpo.records.PairDetail`)."""
+"""A tree stage's record of every candidate pair (:class:`~optima_trainers.run.records.PairDetail`)."""
 
 # Trees and nodes (optima_trainers.tree.nodes) are typed Any here: tree imports this module (one-way).
 
@@ -53,7 +53,7 @@ def candidate_pairs(
 ) -> list[PairCandidate]:
     """Every pair the pair rule proposes from the nodes of ``tree.pair_parents()`` (root
     included), in creation order, kept or not, with why it is dropped
-    (:data:`~optima_trainers.dpo.records.PAIR_REASONS`).
+    (:data:`~optima_trainers.run.records.PAIR_REASONS`).
 
     ``pair_rule="per_parent"`` (the reference, spec §6.4): at most one pair per node, its
     max-value child (chosen) against its min-value child (rejected), among the children with
@@ -167,7 +167,7 @@ def select_top_pairs(
     Returns:
         The kept pairs, tree after tree (ties keep their order within a tree).
 
-    >>> from optima_trainers.dpo.records import PreferencePair
+    >>> from optima_trainers.run.records import PreferencePair
     >>> def pair(v):
     ...     return PreferencePair(prompt=(), chosen="a", rejected="b", chosen_value=v, rejected_value=0.0,
     ...                           task_id="t", sample_id="s", instance_index=0, depth=0, agent="Alice")

@@ -10,8 +10,8 @@ The reference model is the starting checkpoint, i.e. the previous iteration's mo
 TRL computes the reference log-probabilities with the adapter disabled, which is exactly that
 model; in full fine-tuning TRL loads a frozen copy of it (or the ``ref_model_path`` given). The
 result is saved with the LoRA merged into the weights, and the adapter kept in ``adapter/``
-(:mod:`optima_trainers.host.adapters`), atomically
-(:func:`~optima_trainers.host.checkpoint.atomic_checkpoint`: temporary folder, ``COMPLETE`` marker
+(:mod:`optima_trainers.run.adapters`), atomically
+(:func:`~optima_trainers.run.checkpoint.atomic_checkpoint`: temporary folder, ``COMPLETE`` marker
 last, rename), so a folder without the marker is never loaded.
 """
 
@@ -22,113 +22,27 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from optima_env.errors import DataError, TaskContractError, require
 from optima_env.io import write_json_atomic
+from optima_trainers.config.training import DPOTrainConfig
 from optima_trainers.dpo.metrics import numbers, result_metrics, split_loss_trainer
 from optima_trainers.dpo.pairs import pairs_to_dpo_dataset
-from optima_trainers.dpo.records import PreferencePair
-from optima_trainers.host.adapters import save_lora_checkpoint
-from optima_trainers.host.checkpoint import TrainResult, atomic_checkpoint, is_complete
-from optima_trainers.host.faults import fault_point
-from optima_trainers.host.memory import release, track
-from optima_trainers.sft.trainer import allow_tf32, checkpointing_for, free_trainer, world_size
+from optima_trainers.run.adapters import save_lora_checkpoint
+from optima_trainers.run.checkpoint import TrainResult, atomic_checkpoint, is_complete
+from optima_trainers.run.faults import fault_point
+from optima_trainers.run.memory import release, track
+from optima_trainers.run.records import PreferencePair
+from optima_trainers.run.trl import allow_tf32, checkpointing_for, free_trainer, world_size
 
-__all__ = ["LOG_FILE", "DPOTrainConfig", "dpo_args", "train_dpo"]
+__all__ = ["LOG_FILE", "dpo_args", "train_dpo"]
 
 LOG_FILE = "dpo_log.json"
 """TRL's log history (loss, rewards/accuracies, ... per logging step), saved in the checkpoint."""
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DPOTrainConfig:
-    """Settings of one DPO stage. Defaults: the reference iDPO recipe (spec §6.5) with LoRA;
-    :meth:`cpu` gives small settings for the embedded model on a CPU."""
-
-    beta: float = 0.1
-    """DPO β (per task: spec §6 and §7 tables)."""
-    rpo_alpha: float | None = 1.0
-    """Weight of the NLL term (RPO): 1.0 for iDPO; ``None`` for plain DPO (iSFT-DPO)."""
-    rpo_scope: Literal["all", "credited"] = "all"
-    """Which chosen turns the NLL term trains: every pair's (``all``, TRL's ``sft`` term and the
-    reference's RPO), or only those of pairs whose chosen side has task credit > 0 (``credited``:
-    the tree stage then writes each pair's ``chosen_task``; see
-    :func:`~optima_trainers.dpo.metrics.split_loss_trainer`). Beyond the reference (issue 31)."""
-    learning_rate: float = 5e-7
-    """Peak learning rate (reference: 5e-7, full fine-tuning)."""
-    epochs: float = 1.0
-    """Epochs per stage."""
-    batch_size: int = 64
-    """Effective batch in pairs (per-device batch × gradient accumulation × processes)."""
-    per_device_batch_size: int = 1
-    """Pairs per device per forward pass (capped at ``batch_size``)."""
-    max_length: int = 4096
-    """Longest prompt + completion in tokens; a pair whose prompt alone fills it is dropped (logged)."""
-    lr_scheduler: str = "cosine"
-    """Learning-rate schedule (transformers' names)."""
-    warmup_ratio: float = 0.1
-    """Linear warm-up fraction."""
-    train_fraction: float = 0.9
-    """The first 90% of the pairs train, the rest evaluate (not shuffled, spec §6.4)."""
-    evaluate: bool = True
-    """Evaluate on the held-out pairs (the last ``1 - train_fraction`` of them) at the end of every
-    epoch and of the stage: TRL's ``eval_*`` metrics (reward accuracy and margins, log-probs, the
-    loss and its DPO/NLL parts) go into the stage's history and metrics. A stage with too few
-    pairs for a held-out one records ``eval_pairs`` 0 and no ``eval_*``."""
-    gradient_checkpointing: bool | None = None
-    """Recompute activations in the backward pass (less memory, about a third more compute).
-    ``None``: on with a GPU, off on CPUs (where it only costs time), resolved when the run's
-    configuration is built (``--print-config`` shows the value)."""
-    lora: bool = True
-    """Train a LoRA adapter (merged into the weights when saved); False: full fine-tuning."""
-    lora_r: int = 16
-    """LoRA rank."""
-    lora_alpha: int = 32
-    """LoRA alpha."""
-    lora_dropout: float = 0.0
-    """LoRA dropout."""
-    lora_target_modules: str | tuple[str, ...] = "all-linear"
-    """Modules that get adapters (``all-linear``: every linear layer of the blocks)."""
-    max_steps: int | None = None
-    """Stop after this many optimizer steps (``None``: run the epochs)."""
-    logging_steps: int = 1
-    """Log every this many steps."""
-    extra_args: dict[str, Any] = field(default_factory=dict)
-    """Further ``DPOConfig`` fields (e.g. ``{"max_grad_norm": 1.0}``)."""
-
-    def __post_init__(self) -> None:
-        if not self.beta > 0:
-            raise TaskContractError(f"beta must be > 0, got {self.beta!r}")
-        if self.rpo_scope not in ("all", "credited"):
-            raise TaskContractError(f"dpo.rpo_scope must be 'all' or 'credited', got {self.rpo_scope!r}")
-        if self.rpo_alpha is not None and not self.rpo_alpha >= 0:
-            raise TaskContractError(f"rpo_alpha must be None (plain DPO) or >= 0, got {self.rpo_alpha!r}")
-        for name in ("batch_size", "per_device_batch_size", "max_length", "lora_r", "logging_steps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise TaskContractError(f"dpo.{name} must be an int >= 1, got {value!r}")
-        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
-            raise TaskContractError(f"dpo.max_steps must be None or an int >= 1, got {self.max_steps!r}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise TaskContractError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio!r}")
-        if not self.learning_rate > 0 or not self.epochs > 0:
-            raise TaskContractError(
-                f"learning_rate and epochs must be > 0, got {self.learning_rate!r} and {self.epochs!r}"
-            )
-
-    @classmethod
-    def cpu(cls, **overrides: Any) -> DPOTrainConfig:
-        """Small settings for the embedded model on 2 CPU cores: batch 2, max_length 512, and a
-        learning rate (5e-6) large enough for a LoRA adapter to move in a few steps."""
-        base: dict[str, Any] = dict(
-            learning_rate=5e-6, batch_size=2, per_device_batch_size=2, max_length=512, warmup_ratio=0.0
-        )
-        return cls(**{**base, **overrides})
 
 
 def dpo_args(
@@ -256,7 +170,7 @@ def train_dpo(
         seed: the run's seed (LoRA init, data order).
 
     Returns:
-        The :class:`~optima_trainers.host.checkpoint.TrainResult`: ``history`` holds TRL's whole log
+        The :class:`~optima_trainers.run.checkpoint.TrainResult`: ``history`` holds TRL's whole log
         history (every logged step with :data:`~optima_trainers.dpo.metrics.DPO_METRICS`, every
         held-out evaluation as ``eval_*``); ``metrics`` ``wall_time_s``, ``num_dropped`` (pairs
         whose prompt alone exceeded ``max_length``) and the summary of

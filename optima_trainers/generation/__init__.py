@@ -7,6 +7,7 @@
 * :mod:`~optima_trainers.generation.servers`: the servers' conversations in flight, and each
   stage's weights as one adapter (the stages' own adapters stacked, exact);
 * :mod:`~optima_trainers.generation.samples`: sampled stages (iSFT and every SFT stage);
+* :mod:`~optima_trainers.generation.tree_stage`: tree stages (iDPO and iSFT-DPO);
 * :mod:`~optima_trainers.generation.rollouts`: resumable rollouts, readability and rewards;
 * :mod:`~optima_trainers.generation.shards`: data-parallel generation, each rank its shard.
 """

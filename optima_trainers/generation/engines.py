@@ -72,7 +72,7 @@ from optima_trainers.generation.servers import (
     server_adapter,
     servers_in_flight,
 )
-from optima_trainers.host.memory import release
+from optima_trainers.run.memory import release
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class PolicyLoader:
         """``checkpoint`` was trained from ``start`` (the run's starting model or an earlier stage's
         checkpoint): its adapters are ``start``'s and then its own ``adapter/`` folder."""
         from optima_env.models import resolve_model_path
-        from optima_trainers.host.adapters import ADAPTER_FOLDER
+        from optima_trainers.run.adapters import ADAPTER_FOLDER
 
         key, start_key = _key(checkpoint), _key(start)
         if key == start_key:

@@ -27,8 +27,8 @@ from optima_env.rollout import RolloutJob, rollout
 from optima_env.task import Task
 from optima_env.types import Episode
 from optima_trainers.generation.shards import Shard
-from optima_trainers.host.faults import fault_point
-from optima_trainers.host.stages import Stage
+from optima_trainers.run.faults import fault_point
+from optima_trainers.run.stages import Stage
 
 __all__ = [
     "GenerationContext",
@@ -43,7 +43,8 @@ __all__ = [
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationContext:
     """What the host's stage generators (:mod:`~optima_trainers.generation.samples`,
-    :mod:`~optima_trainers.tree.stage`) need from the run, in one object instead of parameter lists."""
+    :mod:`~optima_trainers.generation.tree_stage`) need from the run, in one object instead of
+    parameter lists."""
 
     task: Task
     """The run's task."""
@@ -54,7 +55,7 @@ class GenerationContext:
     folder: Path
     """The stage folder (every phase's output goes there, appended or written atomically)."""
     seed: int
-    """The stage's seed (:func:`~optima_trainers.host.stages.stage_seed`)."""
+    """The stage's seed (:func:`~optima_trainers.run.stages.stage_seed`)."""
     num_train: int
     """Rows of the training split: a cursor position ``p`` plays row ``p % num_train``."""
     load_policy: Callable[[], ChatPolicy]
@@ -192,7 +193,7 @@ class PhaseClock:
     invocation is lost with the work in flight, which the resumed phase does again.
     """
 
-    __slots__ = ("ctx", "name", "last")
+    __slots__ = ("ctx", "last", "name")
 
     def __init__(self, ctx: GenerationContext, name: str) -> None:
         self.ctx = ctx

@@ -4,10 +4,10 @@ conversations the servers get, and how each stage's weights reach them.
 * :func:`servers_in_flight`: ``generation.concurrency``, else :data:`SERVER_CONVERSATIONS` per
   server URL.
 * :func:`server_adapter`: a stage checkpoint as one LoRA adapter of the run's starting model. The
-  stages' own adapters stacked (:func:`~optima_trainers.host.adapters.stack_adapters`) carry the
+  stages' own adapters stacked (:func:`~optima_trainers.run.adapters.stack_adapters`) carry the
   weight change exactly, at the sum of their ranks (the servers need ``--max-lora-rank`` at least
   that). A chain with a stage trained without an adapter (full fine-tuning) falls back to a
-  rank-``generation.server_lora_rank`` SVD of the change (:func:`optima_trainers.cli.export.export_lora`),
+  rank-``generation.server_lora_rank`` SVD of the change (:func:`optima_trainers.run.export.export_lora`),
   logged with its relative error; before, every stage went through the SVD, exact only for the
   first stage.
 * :func:`delivered`: a plugin's :func:`~optima_trainers.hookspecs.optima_deliver_weights` (full
@@ -73,7 +73,7 @@ def server_adapter(config: Any, checkpoint: str, chain: tuple[str, ...] | None) 
     :attr:`~optima_trainers.generation.engines.PolicyLoader.lineage`) stacked, exact, else (a stage
     trained without an adapter) a rank-``generation.server_lora_rank`` SVD of the weight change."""
     from optima_env.models import file_lock
-    from optima_trainers.cli.export import export_lora
+    from optima_trainers.run.export import export_lora
 
     gen = config.generation
     out = Path(checkpoint).with_name(Path(checkpoint).name + SERVER_LORA_SUFFIX)
@@ -116,8 +116,8 @@ def stacked_adapter(chain: tuple[str, ...], out: Path, *, base_model: str) -> tu
     """``(name, folder)`` of the stage adapters of ``chain`` stacked into one adapter at ``out``
     (kept when ``out`` holds the same stack; else written to a temporary folder and renamed)."""
     from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS, file_sha256
-    from optima_trainers.cli.lora_svd import write_adapter
-    from optima_trainers.host.adapters import stack_adapters
+    from optima_trainers.run.adapters import stack_adapters
+    from optima_trainers.run.lora_svd import write_adapter
 
     sources = [file_sha256(Path(a) / ADAPTER_WEIGHTS) for a in chain]
     record = out / STACKED_RECORD

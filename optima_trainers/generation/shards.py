@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 from optima_env.errors import DataError
 from optima_env.io import append_jsonl, read_jsonl, write_text_atomic
-from optima_trainers.host.runs import wait_for_all
+from optima_trainers.run.folder import wait_for_all
 
 __all__ = ["Shard", "collect", "discard_shards", "own_file", "play_shard", "shard_files", "write_gathered"]
 

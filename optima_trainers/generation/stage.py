@@ -5,7 +5,7 @@ generation (sampled stages, tree stages, an online backend's instance list) on e
 generates; under ``accelerate launch`` with N processes every rank runs :meth:`_generate` with its
 own engine on its shard of the stage's jobs (:mod:`optima_trainers.generation.shards`), and the main process
 gathers the shards, scores and selects (:mod:`~optima_trainers.generation.samples`,
-:mod:`~optima_trainers.tree.stage`).
+:mod:`~optima_trainers.generation.tree_stage`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from optima_trainers.generation.engines import PolicyLoader, check_stage_engine
 from optima_trainers.generation.rollouts import GenerationContext, load_readability_scorer
 from optima_trainers.generation.samples import generate_sample_stage
 from optima_trainers.generation.shards import Shard
-from optima_trainers.host.faults import fault_point
-from optima_trainers.host.memory import release, track
-from optima_trainers.host.runs import RunDir
-from optima_trainers.host.stages import Stage, stage_seed
-from optima_trainers.tree.stage import generate_tree_stage
+from optima_trainers.generation.tree_stage import generate_tree_stage
+from optima_trainers.run.faults import fault_point
+from optima_trainers.run.folder import RunDir
+from optima_trainers.run.memory import release, track
+from optima_trainers.run.stages import Stage, stage_seed
 
 __all__ = ["StageGeneration"]
 
@@ -109,7 +109,7 @@ class StageGeneration:
         """Before a stage trains, before a vLLM engine starts (it sizes itself from the memory free
         then, and refuses to start below gpu_memory_utilization) and before the kept engine wakes
         (it reallocates its weights and KV cache): the frozen readability model leaves, loaded
-        again when a stage scores (:mod:`optima_trainers.host.memory_plan` plans it resident only
+        again when a stage scores (:mod:`optima_trainers.run.memory_plan` plans it resident only
         while a stage scores, and beside the engine in tree stages)."""
         self._scorer = None
         release()

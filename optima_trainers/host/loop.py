@@ -7,7 +7,7 @@ TrainerBackend`), asks it for the stages (``backend.stages``), and for each stag
 * generates with the current model: ``samples`` stages play N conversations on each of the next
   ``generation.instances`` training instances (the cursor continues across stages and wraps; the
   initialization uses the format-diverse pool at ``generation.init_temperature``); ``tree``
-  stages set the token normalizer and grow the MCTS trees (:mod:`optima_trainers.tree.stage`);
+  stages set the token normalizer and grow the MCTS trees (:mod:`optima_trainers.generation.tree_stage`);
 * scores in one place with the run's rewards: ``config.reward`` per instance group (per-instance
   max normalizer, spec §3) with the frozen base model's readability, or ``config.tree_reward``
   (derived from ``config.reward``) with the tree normalizer; fires ``optima_episode_scored`` for
@@ -21,7 +21,7 @@ TrainerBackend`), asks it for the stages (``backend.stages``), and for each stag
 The training events are typed hookspecs of :mod:`optima_trainers.hookspecs`, added to the run's
 plugin manager here; the backend is registered on it for the run, so it may observe them too.
 
-Every phase's output is on disk before the next starts (:mod:`optima_trainers.host.runs`), so a killed
+Every phase's output is on disk before the next starts (:mod:`optima_trainers.run.folder`), so a killed
 run resumes where it stopped with the same data as an uninterrupted one. Under ``accelerate
 launch`` with several processes, every process generates its shard of each stage's jobs with its
 own engine (:mod:`optima_trainers.generation.shards`, :mod:`optima_trainers.generation.stage`); the main
@@ -53,12 +53,12 @@ from optima_trainers.generation.rollouts import check_readability_scorer
 from optima_trainers.generation.samples import read_sample_stage
 from optima_trainers.generation.shards import Shard
 from optima_trainers.generation.stage import StageGeneration
+from optima_trainers.generation.tree_stage import read_tree_stage
 from optima_trainers.hookspecs import add_trainer_hookspecs
-from optima_trainers.host.adapters import missing_files, restore_weights
-from optima_trainers.host.checkpoint import discard_partial, is_complete, require_complete, train_metrics
-from optima_trainers.host.runs import RunDir, read_instances, read_stage_result, wait_for
-from optima_trainers.host.stages import Stage, StageData, StageOutcome
-from optima_trainers.tree.stage import read_tree_stage
+from optima_trainers.run.adapters import missing_files, restore_weights
+from optima_trainers.run.checkpoint import discard_partial, is_complete, require_complete, train_metrics
+from optima_trainers.run.folder import RunDir, read_instances, read_stage_result, wait_for
+from optima_trainers.run.stages import Stage, StageData, StageOutcome
 
 __all__ = ["IterativeTrainer", "describe_plan", "plan_stages"]
 
@@ -163,7 +163,7 @@ class IterativeTrainer(StageGeneration):
         self.pm.register(self.backend, name=name)
         tracker = None
         if self.config.report_to != "none" and _rank() == 0:
-            from optima_trainers.host.tracking import StageTracker
+            from optima_trainers.run.tracking import StageTracker
 
             tracker = StageTracker(self.config.report_to, self.run_dir.root)
             self.pm.register(tracker, name="optima-stage-tracker")
@@ -186,7 +186,7 @@ class IterativeTrainer(StageGeneration):
         if not stages or not all(isinstance(s, Stage) for s in stages):
             raise PluginError(
                 f"trainer {self.config.trainer!r}: stages() must return a non-empty list of "
-                f"optima_trainers.host.stages.Stage, got {stages!r}"
+                f"optima_trainers.run.stages.Stage, got {stages!r}"
             )
         if len({s.name for s in stages}) != len(stages):
             raise PluginError(f"trainer {self.config.trainer!r}: stage names must be unique")
@@ -276,7 +276,7 @@ class IterativeTrainer(StageGeneration):
 
     def _restore(self, stage: Stage, previous: str, record: dict[str, Any]) -> None:
         """Rebuild a finished stage's merged weights from its adapter when they are missing (a run
-        folder that travelled without them: :mod:`optima_trainers.host.adapters`)."""
+        folder that travelled without them: :mod:`optima_trainers.run.adapters`)."""
         checkpoint = Path(self.run_dir.model_path(record["model"]))
         if checkpoint.is_absolute() and is_complete(checkpoint) and missing_files(checkpoint):
             start = self.base_model if stage.start == "base" else previous
@@ -305,7 +305,7 @@ class IterativeTrainer(StageGeneration):
         if not isinstance(outcome, StageOutcome):
             raise PluginError(
                 f"trainer {self.config.trainer!r}: train() must return an "
-                f"optima_trainers.host.stages.StageOutcome, got {outcome!r}"
+                f"optima_trainers.run.stages.StageOutcome, got {outcome!r}"
             )
         if outcome.result is not None:  # written (and hashed) here: not verified again before loading
             self._verified.add(str(outcome.result.checkpoint))
@@ -314,7 +314,7 @@ class IterativeTrainer(StageGeneration):
     def _verify_model(self, model: str) -> None:
         """Verify a checkpoint before a stage loads it: one of this run's (it must be complete),
         or any folder with a ``COMPLETE`` marker. A corrupt one raises
-        :class:`~optima_trainers.host.checkpoint.CorruptCheckpointError`: the run stops, nothing is deleted.
+        :class:`~optima_trainers.run.checkpoint.CorruptCheckpointError`: the run stops, nothing is deleted.
 
         Each checkpoint is hashed once: by its writer as it is written, and by the main process
         when this process did not write it (a resumed run, another run's model); the other

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
-from optima_env.errors import DataError, EmptySelectionError, TaskContractError
+from optima_env.errors import DataError, EmptySelectionError
 from optima_env.types import Episode
+from optima_trainers.config.training import SelectionConfig
 
 __all__ = [
-    "SelectionConfig",
     "best_per_instance",
     "draw_sample_id",
     "empty_selection_error",
@@ -38,73 +38,6 @@ __all__ = [
 ]
 
 IMPERSONATION_FLAG = "impersonation_sft"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SelectionConfig:
-    """How iSFT picks its training trajectories."""
-
-    theta: float = 0.5
-    """θ_sft: keep a trajectory only if its total reward is ``>= theta`` (or, with
-    ``threshold_on="task"``, its task score is ``> theta``)."""
-    threshold_on: Literal["total", "task"] = "total"
-    """What θ_sft tests: the total reward with ``>=`` (the reference code) or the task score with
-    ``>`` (the paper's Eq. 3, spec §13 item 1)."""
-    keep: tuple[float, float] = (0.0, 0.7)
-    """Slice of the reward-sorted instances to keep, as fractions (MATH: ``(0.1, 0.8)``)."""
-    order: Literal["code", "paper"] = "code"
-    """``code``: slice, then threshold; ``paper``: threshold, then slice of the survivors."""
-    drop_impersonation: bool = True
-    """Remove trajectories whose reward carries the ``impersonation_sft`` flag."""
-    min_task_score: float | None = None
-    """When set, only trajectories whose task score is ``>=`` this compete (before the best per
-    instance is taken): e.g. ``1e-9`` keeps right or partly right answers only. Not in the paper;
-    for models so weak that θ_sft on the total reward cannot tell a partial answer from a short
-    wrong one."""
-
-    def __post_init__(self) -> None:
-        lo, hi = self.keep
-        if not 0.0 <= lo < hi <= 1.0:
-            raise TaskContractError(
-                f"keep must be a slice (lo, hi) with 0 <= lo < hi <= 1, got {self.keep!r}"
-            )
-        if self.threshold_on not in ("total", "task"):
-            raise TaskContractError(f"threshold_on must be 'total' or 'task', got {self.threshold_on!r}")
-        if self.order not in ("code", "paper"):
-            raise TaskContractError(f"order must be 'code' or 'paper', got {self.order!r}")
-        if (
-            isinstance(self.theta, bool)
-            or not isinstance(self.theta, (int, float))
-            or not math.isfinite(self.theta)
-        ):
-            raise TaskContractError(
-                f"selection.theta must be a finite number (a total reward, e.g. 0.5), got {self.theta!r}"
-            )
-        score = self.min_task_score
-        if score is not None and (
-            isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 1
-        ):
-            raise TaskContractError(f"selection.min_task_score must be None or in [0, 1], got {score!r}")
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> SelectionConfig:
-        """Build from a plain dict (the ``config`` of the selection hook); unknown keys are ignored."""
-        fields = {"theta", "threshold_on", "keep", "order", "drop_impersonation", "min_task_score"}
-        values = {k: v for k, v in data.items() if k in fields}
-        if "keep" in values:
-            values["keep"] = tuple(values["keep"])
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (what the loop passes to the selection hook)."""
-        return {
-            "theta": self.theta,
-            "threshold_on": self.threshold_on,
-            "keep": list(self.keep),
-            "order": self.order,
-            "drop_impersonation": self.drop_impersonation,
-            "min_task_score": self.min_task_score,
-        }
 
 
 def _total(episode: Episode) -> float:

@@ -9,10 +9,10 @@ matmuls allowed) with gradient checkpointing by default; on a CPU the weights in
 without autocast (fp32 by default: this project's CPUs have no native bf16, see
 ``docs/feasibility.md``) and no gradient checkpointing.
 
-The checkpoint is written atomically (:func:`optima_trainers.host.checkpoint.atomic_checkpoint`) as a
+The checkpoint is written atomically (:func:`optima_trainers.run.checkpoint.atomic_checkpoint`) as a
 plain model folder: LoRA adapters are merged into the weights first, so the next iteration, a
 rollout or an evaluation loads it like any model; the adapter itself is kept in ``adapter/``
-(:mod:`optima_trainers.host.adapters`: a run folder without the merged weights is rebuilt from it). Under ``accelerate launch`` every process trains
+(:mod:`optima_trainers.run.adapters`: a run folder without the merged weights is rebuilt from it). Under ``accelerate launch`` every process trains
 and the main process writes the folder (with DeepSpeed ZeRO-3, use full fine-tuning: the weights
 are gathered by ``Trainer.save_model``).
 """
@@ -24,136 +24,28 @@ import math
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optima_env.errors import MissingDependencyError, TaskContractError, require
-from optima_trainers.host.adapters import save_lora_checkpoint
-from optima_trainers.host.checkpoint import TrainResult, atomic_checkpoint, require_complete
-from optima_trainers.host.faults import fault_point
-from optima_trainers.host.memory import release, track
+from optima_env.errors import TaskContractError, require
+from optima_trainers.config.training import SFTTrainConfig
+from optima_trainers.run.adapters import save_lora_checkpoint
+from optima_trainers.run.checkpoint import TrainResult, atomic_checkpoint, require_complete
+from optima_trainers.run.faults import fault_point
+from optima_trainers.run.memory import release, track
+from optima_trainers.run.trl import (
+    allow_tf32,
+    check_report_to,
+    checkpointing_for,
+    free_trainer,
+    lora_config,
+    world_size,
+)
 from optima_trainers.sft.data import MaskedExample
 
-__all__ = [
-    "SFTTrainConfig",
-    "allow_tf32",
-    "check_report_to",
-    "checkpointing_for",
-    "free_trainer",
-    "lora_config",
-    "train_sft",
-    "world_size",
-]
+__all__ = ["train_sft"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SFTTrainConfig:
-    """Hyperparameters of one SFT stage (the ``sft`` section of the trainer configuration).
-
-    Defaults: the reference recipes' common values (spec §5) with LoRA; the task presets and the
-    compute profile set the rest. The run's seed, dtype and tracker are arguments of
-    :func:`train_sft`, not fields here, so that one value serves the whole run.
-    """
-
-    learning_rate: float = 2e-5
-    """Peak learning rate (cosine schedule)."""
-    epochs: float = 1
-    """Epochs per stage."""
-    batch_size: int = 32
-    """Effective batch: per-device batch × gradient accumulation × processes."""
-    per_device_batch_size: int = 1
-    """Examples per device per forward pass."""
-    max_length: int = 2048
-    """Longest example in tokens (longer ones are cut at the end)."""
-    max_steps: int | None = None
-    """Stop after this many optimizer steps (``None``: run the epochs)."""
-    gradient_checkpointing: bool | None = None
-    """Recompute activations in the backward pass (less memory, about a third more compute).
-    ``None``: on with a GPU, off on CPUs (where it only costs time), resolved when the run's
-    configuration is built (``--print-config`` shows the value)."""
-    lora: bool = True
-    """Train a LoRA adapter (merged into the weights at save) instead of every weight."""
-    lora_r: int = 16
-    """LoRA rank."""
-    lora_alpha: int = 32
-    """LoRA alpha."""
-    lora_dropout: float = 0.0
-    """LoRA dropout."""
-    warmup_ratio: float = 0.1
-    """Linear warm-up fraction before the cosine schedule."""
-    eval_fraction: float = 0.0
-    """Fraction of the examples held out and evaluated once at the end (reference: 0.02)."""
-    restart_from_base: bool = False
-    """Every SFT stage starts from the base model (debate tasks, spec §5 item 8) instead of the
-    previous stage's model; the initialization always starts from the base model."""
-    train_capped_turns: bool = True
-    """Train on turns that ran to the generation cap (``generation.max_new_tokens``). With
-    ``False`` such a turn stays in the conversation as context but is not a target: its
-    end-of-message marker is where the cap cut it, not where the model stopped, so training on it
-    teaches a stop the model never made. The reference's cap (2000 tokens) is rarely reached, so
-    it trains every turn; a short cap (the cpu profile's) cuts many."""
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "per_device_batch_size", "max_length", "lora_r", "lora_alpha"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise TaskContractError(f"sft.{name} must be an int >= 1, got {value!r}")
-        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
-            raise TaskContractError(f"sft.max_steps must be None or an int >= 1, got {self.max_steps!r}")
-        if not (isinstance(self.learning_rate, (int, float)) and 0 < self.learning_rate < 1):
-            raise TaskContractError(f"sft.learning_rate must lie in (0, 1), got {self.learning_rate!r}")
-        if not (isinstance(self.epochs, (int, float)) and self.epochs > 0):
-            raise TaskContractError(f"sft.epochs must be > 0, got {self.epochs!r}")
-        for name in ("warmup_ratio", "eval_fraction", "lora_dropout"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0 <= value < 1):
-                raise TaskContractError(f"sft.{name} must lie in [0, 1), got {value!r}")
-
-
-def allow_tf32(torch: Any) -> None:
-    """TF32 matmuls on a GPU (Ampere and later: about twice the fp32 matmul speed, 10-bit mantissa
-    inside the product; bf16 training is not affected)."""
-    if torch.cuda.is_available():
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-
-
-def checkpointing_for(setting: bool | None, use_cuda: bool) -> bool:
-    """``gradient_checkpointing``: the config's value, or (``None``) on with a GPU, off on CPUs."""
-    return use_cuda if setting is None else setting
-
-
-def world_size() -> int:
-    """Number of training processes (``WORLD_SIZE`` under ``accelerate launch``/``torchrun``)."""
-    return max(1, int(os.environ.get("WORLD_SIZE", "1")))
-
-
-def check_report_to(report_to: str) -> None:
-    """Fail early, with the install command, when the requested tracker is not installed."""
-    module = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}.get(report_to)
-    if module is None:
-        if report_to != "none":
-            raise TaskContractError(
-                f"report_to must be none, tensorboard, trackio or wandb, got {report_to!r}"
-            )
-        return
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None:
-        raise MissingDependencyError(
-            f"report_to={report_to!r} needs `pip install {module}` (or `pip install 'optima[track]'`)"
-        )
-
-
-def lora_config(r: int, alpha: int, dropout: float = 0.0) -> Any:
-    """The LoRA setup of the project: every linear layer of the blocks (``all-linear``)."""
-    peft = require("peft", "train")
-    return peft.LoraConfig(
-        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear", task_type="CAUSAL_LM"
-    )
 
 
 def _dataset(examples: Sequence[MaskedExample]) -> Any:
@@ -291,16 +183,6 @@ def train_sft(
     del model
     _free(trainer)
     return require_complete(output_dir, verify=False)  # hashed once, as it was written
-
-
-def free_trainer(trainer: Any) -> None:
-    """Drop what a finished transformers/TRL trainer holds (accelerate's prepared model, optimizer
-    and scheduler references, the trainer's own model), so that :func:`optima_trainers.host.memory.
-    release` can return the memory before the next phase (a vLLM engine or the next stage)."""
-    trainer.accelerator.free_memory()
-    for name in ("model", "model_wrapped", "optimizer", "lr_scheduler", "ref_model"):
-        if hasattr(trainer, name):
-            setattr(trainer, name, None)
 
 
 def _free(trainer: Any) -> None:

@@ -27,7 +27,7 @@ from optima_env.rules import AnswerTracker, check_termination
 from optima_env.types import Episode, Turn
 from optima_trainers.config.sections import GenerationConfig, TreeSearchConfig
 from optima_trainers.dpo.pairs import candidate_pairs
-from optima_trainers.dpo.records import PairCandidate, PreferencePair
+from optima_trainers.run.records import PairCandidate, PreferencePair
 
 __all__ = ["Node", "Tree", "TreeTrajectory", "normalized_edit_distance"]
 

@@ -9,13 +9,13 @@ import pytest
 
 pytest.importorskip("trl")
 
-from benchmarks.demo.control import control_label  # noqa: E402
-from benchmarks.demo.suite import row_labels  # noqa: E402
-from benchmarks.demo.tasks import DemoTask  # noqa: E402
-from benchmarks.demo.train import chain_rank, init_done, init_result, train_run  # noqa: E402
-from optima_env.errors import DataError  # noqa: E402
-from optima_trainers.host.checkpoint import manifest_entries  # noqa: E402
-from tests.optima_trainers.tiny_model import make_tiny_model  # noqa: E402
+from benchmarks.demo.control import control_label
+from benchmarks.demo.suite import row_labels
+from benchmarks.demo.tasks import DemoTask
+from benchmarks.demo.train import chain_rank, init_done, init_result, train_run
+from optima_env.errors import DataError
+from optima_trainers.run.checkpoint import manifest_entries
+from tests.optima_trainers.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.slow  # runs a real model: the full suite only
 

@@ -206,7 +206,7 @@ def test_mad_debate_prompts_follow_the_roles() -> None:
 def test_a_corrupt_trained_checkpoint_is_refused_before_loading(tmp_path) -> None:
     """``--checkpoint`` folders written by the trainers are verified against their manifest."""
     from benchmarks.evaluation.policies import load_policy
-    from optima_trainers.host.checkpoint import CorruptCheckpointError
+    from optima_trainers.run.checkpoint import CorruptCheckpointError
     from tests.optima_trainers.test_cli_and_runs import _finished_checkpoint
 
     target = tmp_path / "ckpt"

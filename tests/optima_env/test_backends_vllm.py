@@ -167,8 +167,8 @@ def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_j
     from optima_env.registry import get_plugin_manager
     from optima_trainers import IterativeTrainer, RunDir, resolve_config
     from optima_trainers.generation import engines, stage
-    from optima_trainers.host import memory
-    from optima_trainers.host.stages import stage_seed
+    from optima_trainers.run import memory
+    from optima_trainers.run.stages import stage_seed
 
     vllm_policy.close()  # the module's engine is done (this test runs last): free its memory
     started, scorers, wakes = [], [], []

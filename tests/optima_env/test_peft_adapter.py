@@ -24,7 +24,7 @@ pytest.importorskip("peft")
 from optima_env.backends import peft_adapter  # noqa: E402
 from optima_env.backends.hf import TransformersPolicy, render_prompt  # noqa: E402
 from optima_env.backends.loading import load_policy  # noqa: E402
-from optima_trainers.cli.export import export_lora  # noqa: E402
+from optima_trainers.run.export import export_lora  # noqa: E402
 from tests.optima_trainers.tiny_model import add_low_rank_delta, make_tiny_model  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12)

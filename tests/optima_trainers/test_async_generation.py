@@ -69,13 +69,13 @@ def run_stage(folder: Path, *, sampled: bool = False, **overrides) -> UnevenEngi
     recorded in a real run state beside it (``<folder>-run/state.json``)."""
     import time
 
-    from optima_trainers.host.runs import RunDir
     from optima_task_synth import SyntheticChainTask
 
     from optima_trainers.generation.rollouts import GenerationContext
     from optima_trainers.generation.samples import generate_sample_stage
-    from optima_trainers.host.stages import Stage
-    from optima_trainers.tree.stage import generate_tree_stage
+    from optima_trainers.generation.tree_stage import generate_tree_stage
+    from optima_trainers.run.folder import RunDir
+    from optima_trainers.run.stages import Stage
 
     task = SyntheticChainTask(train_size=4)
     task.bind("ie/synth-v0")

@@ -12,7 +12,7 @@ from optima_env.errors import PluginError
 from optima_env.registry import get_plugin_manager, task_specs, trainer_specs
 from optima_trainers import IterativeTrainer, RunDir, resolve_config
 from optima_trainers.backends.contract import StageContext, TrainerBackend
-from optima_trainers.host.stages import Stage, StageData, StageOutcome
+from optima_trainers.run.stages import Stage, StageData, StageOutcome
 
 
 class Recording(TrainerBackend):

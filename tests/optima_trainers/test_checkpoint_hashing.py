@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from optima_trainers.host import checkpoint
+from optima_trainers.run import checkpoint
 
 pytestmark = pytest.mark.slow  # runs a real model: the full suite only
 

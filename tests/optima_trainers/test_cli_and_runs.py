@@ -11,7 +11,7 @@ import pytest
 from optima_env.errors import DataError, OptimaError, TaskContractError
 from optima_trainers.cli.train import main
 from optima_trainers.config.train import TrainConfig, resolve_config
-from optima_trainers.host.checkpoint import (
+from optima_trainers.run.checkpoint import (
     COMPLETE_MARKER,
     CorruptCheckpointError,
     TrainResult,
@@ -20,7 +20,7 @@ from optima_trainers.host.checkpoint import (
     is_complete,
     require_complete,
 )
-from optima_trainers.host.runs import RunDir
+from optima_trainers.run.folder import RunDir
 from tests.helpers import REPO_ROOT
 
 
@@ -222,7 +222,7 @@ def test_open_or_create_reopens_a_run_of_the_same_settings_and_names_each_confli
 
 def test_adopt_stage_takes_another_runs_finished_stage_whole_and_says_where_from(tmp_path: Path) -> None:
     from optima_env.io import write_json_atomic
-    from optima_trainers.host.runs import read_stage_result
+    from optima_trainers.run.folder import read_stage_result
 
     config = resolve_config("ie/synth-v0", "isft", seed=3)
     source = RunDir.create(config, run_dir=tmp_path / "isft")

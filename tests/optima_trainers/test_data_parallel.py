@@ -8,7 +8,7 @@ appended ``episodes.jsonl`` and ``normalizer.jsonl`` hold the same episodes per 
 once gathered; every other file is equal line by line), both ranks logged their shards, no shard
 file is left; a run whose rank 1 is SIGKILLed after its first episode resumes to the same data;
 and on rank 1 the first stage's SFT model and trainer are gone when the second stage's data
-arrives (:mod:`optima_trainers.host.memory`).
+arrives (:mod:`optima_trainers.run.memory`).
 """
 
 from __future__ import annotations

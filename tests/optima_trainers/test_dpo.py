@@ -8,15 +8,16 @@ import math
 import pytest
 
 from optima_env.errors import DataError, TaskContractError
-from optima_trainers.dpo.records import PreferencePair
-from optima_trainers.host.checkpoint import COMPLETE_MARKER, is_complete, require_complete
+from optima_trainers.run.checkpoint import COMPLETE_MARKER, is_complete, require_complete
+from optima_trainers.run.records import PreferencePair
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from optima_trainers.dpo.trainer import LOG_FILE, DPOTrainConfig, dpo_args, train_dpo  # noqa: E402
+from optima_trainers.config.training import DPOTrainConfig  # noqa: E402
+from optima_trainers.dpo.trainer import LOG_FILE, dpo_args, train_dpo  # noqa: E402
 
 
 def make_pairs(n: int) -> list[PreferencePair]:

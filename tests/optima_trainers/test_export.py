@@ -21,7 +21,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from optima_env.backends.peft_adapter import content_hash, file_sha256  # noqa: E402
-from optima_trainers.cli.export import TRUNCATION_WARNING, export_lora, main  # noqa: E402
+from optima_trainers.cli.export import main  # noqa: E402
+from optima_trainers.run.export import TRUNCATION_WARNING, export_lora  # noqa: E402
 from tests.optima_trainers.tiny_model import add_low_rank_delta, make_tiny_model  # noqa: E402
 
 MODULES = ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj")

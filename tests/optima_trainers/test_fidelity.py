@@ -13,8 +13,9 @@ from optima_env.policy import ScriptedPolicy
 from optima_env.reward import RewardBreakdown, RewardConfig, percentile_normalizer
 from optima_env.types import Episode
 from optima_trainers.config.train import FIDELITY_PRESETS, GenerationConfig, TreeSearchConfig, resolve_config
+from optima_trainers.config.training import SelectionConfig
 from optima_trainers.dpo.pairs import select_top_pairs
-from optima_trainers.sft.selection import SelectionConfig, draw_sample_id, select_isft
+from optima_trainers.sft.selection import draw_sample_id, select_isft
 from optima_trainers.tree.nodes import normalized_edit_distance
 from optima_trainers.tree.search import Tree, build_trees, select_node
 from tests.helpers import TinyTask
@@ -200,7 +201,7 @@ def generation_context(task, config, folder: Path, policy, *, num_train: int, ge
     from optima_env.registry import get_plugin_manager
     from optima_trainers.generation.rollouts import GenerationContext
     from optima_trainers.hookspecs import add_trainer_hookspecs
-    from optima_trainers.host.stages import Stage
+    from optima_trainers.run.stages import Stage
 
     return GenerationContext(
         task=task, config=config, stage=Stage(name="iter_00", kind="test", number=0, generate=generate),
@@ -252,7 +253,7 @@ def test_a_sampled_stage_with_more_draws_than_rows_keeps_each_draw_and_resumes(t
 def test_the_tree_stage_samples_with_the_runs_stops_and_top_p(tmp_path: Path) -> None:
     from optima_task_synth import SyntheticChainTask
 
-    from optima_trainers.tree.stage import generate_tree_stage
+    from optima_trainers.generation.tree_stage import generate_tree_stage
 
     class Recording:
         def __init__(self) -> None:

@@ -16,7 +16,7 @@ import pytest
 from optima_env import get_plugin_manager, hookimpl
 from optima_env.io import read_episodes
 from optima_trainers import IterativeTrainer, RunDir, resolve_config
-from optima_trainers.host.stages import Stage, StageData
+from optima_trainers.run.stages import Stage, StageData
 from tests.optima_trainers.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 """The memory lifecycle (issue 29): nothing a finished training phase held stays alive.
 
 The trainers keep weak references to each phase's model, reference model and trainer
-(``optima_trainers.host.memory.track``); a weak reference does not keep its object alive, so an object
+(``optima_trainers.run.memory.track``); a weak reference does not keep its object alive, so an object
 still reachable after the phase is a real leak (an accelerate wrapper, a merged copy, a trainer).
 """
 
@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from optima_trainers.host import memory
+from optima_trainers.run import memory
 
 
 def test_the_tracker_sees_a_live_object_and_forgets_a_freed_one() -> None:
@@ -30,7 +30,8 @@ def test_the_tracker_sees_a_live_object_and_forgets_a_freed_one() -> None:
 @pytest.mark.slow
 def test_a_dpo_stage_releases_its_model_reference_and_trainer(tmp_path) -> None:
     pytest.importorskip("trl")
-    from optima_trainers.dpo.trainer import DPOTrainConfig, train_dpo
+    from optima_trainers.config.training import DPOTrainConfig
+    from optima_trainers.dpo.trainer import train_dpo
     from tests.optima_trainers.test_dpo import make_pairs
     from tests.optima_trainers.tiny_model import make_tiny_model
 

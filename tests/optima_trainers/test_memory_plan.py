@@ -1,4 +1,4 @@
-"""The GPU memory plan (``optima_trainers.host.memory_plan``): Llama 3 8B's sizes on one 80 GB and
+"""The GPU memory plan (``optima_trainers.run.memory_plan``): Llama 3 8B's sizes on one 80 GB and
 one 141 GB card, and on eight 80 GB cards, pinned; the CLI prints it and refuses a run that does
 not fit before anything starts. Pure arithmetic: no GPU needed."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from optima_env.errors import ConfigError
 from optima_trainers import resolve_config
-from optima_trainers.host.memory_plan import ModelShape, plan_memory, plan_run
+from optima_trainers.run.memory_plan import ModelShape, plan_memory, plan_run
 
 LLAMA3_8B = {
     "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,

@@ -111,7 +111,7 @@ def test_trees_built_through_the_python_api_equal_the_runs_tree_stage(idpo_run: 
     from optima_env.registry import get_plugin_manager, make_task
     from optima_env.reward import percentile_normalizer
     from optima_trainers.generation.rollouts import load_readability_scorer
-    from optima_trainers.host.stages import stage_seed
+    from optima_trainers.run.stages import stage_seed
     from optima_trainers.tree.search import build_trees
 
     config = TrainConfig.from_dict(json.loads((idpo_run / "config.json").read_text()))

@@ -19,7 +19,7 @@ from optima_env.rollout import run_episode
 from optima_env.types import Episode
 from optima_trainers.config.train import GenerationConfig, TreeSearchConfig, resolve_config
 from optima_trainers.dpo.pairs import PAIR_DETAILS, prune_pair_details, read_pair_details
-from optima_trainers.dpo.records import PairDetail, read_pairs
+from optima_trainers.run.records import PairDetail, read_pairs
 from optima_trainers.tree.nodes import Tree
 from tests.helpers import TinyTask
 
@@ -224,7 +224,7 @@ def test_bad_settings_and_records_get_clear_errors(tmp_path: Path) -> None:
 def run_stage(folder: Path, **overrides) -> None:
     from optima_task_synth import SyntheticChainTask
 
-    from optima_trainers.tree.stage import generate_tree_stage
+    from optima_trainers.generation.tree_stage import generate_tree_stage
 
     class Varied:
         """Replies chosen by each request's sampling key (a rollout's own), so that trees branch
@@ -251,7 +251,7 @@ def run_stage(folder: Path, **overrides) -> None:
         )  # fmt: skip
         return
     from optima_trainers.generation.rollouts import GenerationContext
-    from optima_trainers.host.stages import Stage
+    from optima_trainers.run.stages import Stage
 
     class Events:
         def optima_episode_scored(self, **kwargs) -> None:
@@ -277,7 +277,7 @@ def test_the_tree_stage_records_every_candidate_pair(tmp_path: Path) -> None:
     )
     assert all(not d.reasons for d in selected)
     # the stage record's summary of the pairs, as counted from the records
-    from optima_trainers.tree.stage import read_tree_stage
+    from optima_trainers.generation.tree_stage import read_tree_stage
 
     _, _, metrics = read_tree_stage(tmp_path, resolve_config("ie/synth-v0", "idpo"))
     assert metrics["mcts/candidates"] == len(details)
@@ -319,7 +319,7 @@ def test_the_stage_drops_capped_pairs_under_train_capped_turns_false(tmp_path: P
 
 # -- dpo.rpo_scope: the NLL term on every chosen turn, or on the task-credited pairs only -----------------
 def credited_pairs(tasks: list[float | None]) -> list:
-    from optima_trainers.dpo.records import PreferencePair
+    from optima_trainers.run.records import PreferencePair
 
     return [
         PreferencePair(
@@ -346,8 +346,9 @@ def credited_pairs(tasks: list[float | None]) -> list:
 def test_the_credited_nll_scope_trains_the_nll_on_credited_pairs_only(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     pytest.importorskip("peft")
+    from optima_trainers.config.training import DPOTrainConfig
     from optima_trainers.dpo.pairs import pairs_to_dpo_dataset
-    from optima_trainers.dpo.trainer import DPOTrainConfig, train_dpo
+    from optima_trainers.dpo.trainer import train_dpo
     from tests.optima_trainers.tiny_model import make_tiny_model
 
     model = str(make_tiny_model(tmp_path / "start"))

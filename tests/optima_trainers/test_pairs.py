@@ -8,7 +8,7 @@ import pytest
 
 from optima_env.errors import DataError, TaskContractError
 from optima_trainers.dpo.pairs import pairs_to_dpo_dataset, select_top_pairs
-from optima_trainers.dpo.records import PreferencePair, read_pairs, write_pairs
+from optima_trainers.run.records import PreferencePair, read_pairs, write_pairs
 
 
 def pair(value: float, *, sample: str = "s0", depth: int = 0, chosen: str = "Alice: yes") -> PreferencePair:

@@ -44,7 +44,8 @@ def test_dpo_trains_in_bf16_on_cpu_and_saves_in_the_training_dtype(tmp_path) -> 
     pytest.importorskip("trl")
     from safetensors import safe_open
 
-    from optima_trainers.dpo.trainer import DPOTrainConfig, train_dpo
+    from optima_trainers.config.training import DPOTrainConfig
+    from optima_trainers.dpo.trainer import train_dpo
     from tests.optima_trainers.test_dpo import make_pairs
     from tests.optima_trainers.tiny_model import make_tiny_model
 

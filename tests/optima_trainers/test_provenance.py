@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from optima_trainers.host.provenance import git_commit
+from optima_trainers.run.provenance import git_commit
 
 
 def _git(root: Path, *args: str) -> str:

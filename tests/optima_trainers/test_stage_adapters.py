@@ -1,5 +1,5 @@
 """A LoRA stage keeps its adapter, and a run folder that lost its merged weights resumes: the
-weights are rebuilt from the adapters, bit for bit, stage after stage (optima_trainers.host.adapters)."""
+weights are rebuilt from the adapters, bit for bit, stage after stage (optima_trainers.run.adapters)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from optima_env.errors import CorruptCheckpointError  # noqa: E402
-from optima_trainers import IterativeTrainer, RunDir, resolve_config  # noqa: E402
-from optima_trainers.dpo.trainer import DPOTrainConfig, train_dpo  # noqa: E402
-from optima_trainers.host.adapters import ADAPTER_FOLDER, missing_files, restore_weights  # noqa: E402
-from optima_trainers.host.checkpoint import manifest_entries, require_complete  # noqa: E402
-from tests.optima_trainers.tiny_model import add_low_rank_delta, make_tiny_model  # noqa: E402
+from optima_env.errors import CorruptCheckpointError
+from optima_trainers import IterativeTrainer, RunDir, resolve_config
+from optima_trainers.config.training import DPOTrainConfig
+from optima_trainers.dpo.trainer import train_dpo
+from optima_trainers.run.adapters import ADAPTER_FOLDER, missing_files, restore_weights
+from optima_trainers.run.checkpoint import manifest_entries, require_complete
+from tests.optima_trainers.tiny_model import add_low_rank_delta, make_tiny_model
 
 pytestmark = pytest.mark.slow  # runs a real model: the full suite only
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from optima_trainers.host.tracking import StageTracker
+from optima_trainers.run.tracking import StageTracker
 from tests.helpers import REPO_ROOT
 
 STAGES = [
@@ -42,7 +42,7 @@ def test_stage_metrics_go_to_trackio(tmp_path: Path) -> None:
         f"""
         import json
         from pathlib import Path
-        from optima_trainers.host.tracking import StageTracker
+        from optima_trainers.run.tracking import StageTracker
         from trackio.sqlite_storage import SQLiteStorage
         root = Path({str(tmp_path / "run-a")!r})
         tracker = StageTracker("trackio", root)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from optima_env import Recipe, TrainerSpec, hookimpl
 from optima_trainers.backends.contract import StageContext, TrainerBackend, sft_stages, train_sft_stage
-from optima_trainers.host.stages import Stage, StageData, StageOutcome
+from optima_trainers.run.stages import Stage, StageData, StageOutcome
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

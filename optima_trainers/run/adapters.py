@@ -4,7 +4,7 @@ A LoRA-trained checkpoint (:func:`save_lora_checkpoint`, called by the SFT and D
 the merged model, which every later stage, rollout and evaluation loads, and beside it, in
 ``adapter/``, the adapter it was merged from: PEFT's own folder (``adapter_config.json``,
 ``adapter_model.safetensors``, in the training dtype). Both are listed in the checkpoint's
-``COMPLETE`` manifest (:mod:`optima_trainers.host.checkpoint`).
+``COMPLETE`` manifest (:mod:`optima_trainers.run.checkpoint`).
 
 The adapter is small (the embedded model, r 16 on every linear layer, fp32: about 19 MB against
 the 540 MB merged model), so a run folder can travel without its merged weights (a commit, a copy
@@ -33,11 +33,11 @@ from typing import Any
 
 from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS, file_sha256
 from optima_env.errors import CorruptCheckpointError, DataError, require
-from optima_trainers.host.checkpoint import is_complete, manifest_entries
+from optima_trainers.run.checkpoint import is_complete, manifest_entries
 
 __all__ = ["ADAPTER_FOLDER", "missing_files", "restore_weights", "save_lora_checkpoint", "stack_adapters"]
 
-logger = logging.getLogger("optima_trainers.host.adapters")
+logger = logging.getLogger("optima_trainers.run.adapters")
 
 ADAPTER_FOLDER = "adapter"
 """The adapter's folder inside a LoRA-trained checkpoint."""

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from optima_env.types import Episode
-from optima_trainers.dpo.records import PreferencePair
-from optima_trainers.host.checkpoint import TrainResult
+from optima_trainers.run.checkpoint import TrainResult
+from optima_trainers.run.records import PreferencePair
 
 __all__ = ["Stage", "StageData", "StageOutcome", "stage_seed"]
 

@@ -18,7 +18,7 @@ from typing import Any
 from optima_env.errors import DataError
 from optima_env.io import read_jsonl, write_text_atomic
 from optima_env.types import check_fields
-from optima_trainers.host.checkpoint import TrainResult
+from optima_trainers.run.checkpoint import TrainResult
 
 __all__ = [
     "PAIR_REASONS",

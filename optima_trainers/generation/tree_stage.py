@@ -37,7 +37,6 @@ from optima_env.reward import percentile_normalizer
 from optima_env.rollout import RolloutJob, make_jobs
 from optima_env.types import Episode
 from optima_trainers.config.train import TrainConfig
-from optima_trainers.dpo.records import PreferencePair, read_pairs, write_pairs
 from optima_trainers.generation.rollouts import GenerationContext, PhaseClock, in_flight, resumable_rollout
 from optima_trainers.generation.shards import (
     Shard,
@@ -51,7 +50,8 @@ from optima_trainers.generation.shards import (
     sources,
     write_gathered,
 )
-from optima_trainers.host.faults import fault_point
+from optima_trainers.run.faults import fault_point
+from optima_trainers.run.records import PreferencePair, read_pairs, write_pairs
 
 __all__ = ["generate_tree_stage", "read_tree_stage"]
 
