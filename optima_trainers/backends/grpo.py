@@ -20,7 +20,6 @@ import math
 from dataclasses import dataclass
 
 from optima_env.errors import TaskContractError, require
-from optima_env.policy import SamplingParams
 from optima_trainers.backends.contract import StageContext, TrainerBackend
 from optima_trainers.config.train import TrainConfig
 from optima_trainers.run.checkpoint import TrainResult, atomic_checkpoint, require_complete
@@ -115,13 +114,7 @@ def train_grpo_stage(data: StageData, context: StageContext) -> StageOutcome:
         task,
         tokenizer=tokenizer,
         num_generations=gen.num_samples,
-        sampling=SamplingParams(
-            temperature=gen.temperature,
-            top_p=gen.top_p,
-            max_new_tokens=gen.max_new_tokens,
-            seed=config.seed,
-            stop=gen.stops(task.agents),
-        ),
+        sampling=gen.sampling(task.agents, seed=config.seed),
         reward=config.reward,
         readability=context.readability(),
         frozen=frozen,

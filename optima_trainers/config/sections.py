@@ -175,6 +175,21 @@ class GenerationConfig:
 
         return speaker_stops(agents) if self.stop_at_speaker_tags else ()
 
+    def sampling(self, agents: Sequence[str], *, seed: int | None, init: bool = False) -> Any:
+        """The :class:`~optima_env.policy.SamplingParams` of every generated turn of the run
+        (sampled stages, tree searches, GRPO rollouts): :attr:`init_temperature` for the
+        initialization's samples (``init``), else :attr:`temperature`; :attr:`top_p`,
+        :attr:`max_new_tokens`, :meth:`stops`; ``seed`` the stage's (requests derive their own)."""
+        from optima_env.policy import SamplingParams
+
+        return SamplingParams(
+            temperature=self.init_temperature if init else self.temperature,
+            top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens,
+            seed=seed,
+            stop=self.stops(agents),
+        )
+
     def policy_options(self) -> dict[str, Any]:
         """The backend's own keyword arguments for :func:`optima_env.backends.loading.load_policy`
         (``vllm``: its scale switches; ``hf``: :attr:`precision`, :attr:`sampler` and

@@ -25,7 +25,6 @@ from typing import Any
 from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import PluginError
 from optima_env.io import read_episodes, write_episodes
-from optima_env.policy import SamplingParams
 from optima_env.rollout import RolloutJob, make_jobs
 from optima_env.types import Episode
 from optima_trainers.config.train import TrainConfig
@@ -83,13 +82,7 @@ def _generate(ctx: GenerationContext, jobs: list[RolloutJob], *, init: bool) -> 
             jobs=todo,
             reset_options=lambda job: {"index": job.index % ctx.num_train},
             path=path,
-            sampling=SamplingParams(
-                temperature=gen.init_temperature if init else gen.temperature,
-                top_p=gen.top_p,
-                max_new_tokens=gen.max_new_tokens,
-                seed=ctx.seed,
-                stop=gen.stops(task.agents),
-            ),
+            sampling=gen.sampling(task.agents, seed=ctx.seed, init=init),
             env_kwargs=ctx.env_kwargs(policy, diverse=init and gen.diverse_init and task.num_formats > 0),
             concurrency=in_flight(gen, policy),
             driver=gen.driver,

@@ -32,7 +32,7 @@ from typing import Any
 from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import DataError
 from optima_env.io import append_jsonl, read_episodes, read_jsonl, read_text, write_text_atomic
-from optima_env.policy import ChatPolicy, SamplingParams
+from optima_env.policy import ChatPolicy
 from optima_env.reward import percentile_normalizer
 from optima_env.rollout import RolloutJob, make_jobs
 from optima_env.types import Episode
@@ -134,13 +134,7 @@ def _normalizer_phase(
             jobs=todo,
             reset_options=lambda job: {"index": job.index % ctx.num_train},
             path=path,
-            sampling=SamplingParams(
-                temperature=gen.temperature,
-                top_p=gen.top_p,
-                max_new_tokens=gen.max_new_tokens,
-                seed=ctx.seed,
-                stop=gen.stops(ctx.task.agents),
-            ),
+            sampling=gen.sampling(ctx.task.agents, seed=ctx.seed),
             env_kwargs=env_kwargs,
             concurrency=in_flight(gen, policy),
             driver=gen.driver,

@@ -1,4 +1,4 @@
-"""Records the trainers exchange: DPO preference pairs (and the training result, re-exported).
+"""DPO preference pairs, the records a tree stage hands its DPO stage.
 
 A :class:`PreferencePair` is one DPO example cut from an MCTS turn tree (spec §6.4): the
 conversation up to a node, as the agent who speaks next reads it, and two of that node's children,
@@ -18,7 +18,6 @@ from typing import Any
 from optima_env.errors import DataError
 from optima_env.io import read_jsonl, write_text_atomic
 from optima_env.types import check_fields
-from optima_trainers.run.checkpoint import TrainResult
 
 __all__ = [
     "PAIR_REASONS",
@@ -26,7 +25,6 @@ __all__ = [
     "PairDetail",
     "PairSide",
     "PreferencePair",
-    "TrainResult",
     "read_pairs",
     "write_pairs",
 ]

@@ -52,7 +52,7 @@ from dataclasses import replace
 from typing import Any
 
 from optima_env.errors import ScoringError, TaskContractError
-from optima_env.policy import ChatPolicy, SamplingParams
+from optima_env.policy import ChatPolicy
 from optima_env.rollout import job_seed
 from optima_env.rules import checked_score
 from optima_env.task import Task
@@ -237,13 +237,7 @@ def build_trees(
     ).run(
         task,
         policy,
-        sampling=SamplingParams(
-            temperature=generation.temperature,
-            max_new_tokens=generation.max_new_tokens,
-            top_p=generation.top_p,
-            stop=generation.stops(task.agents),
-            seed=seed,
-        ),
+        sampling=generation.sampling(task.agents, seed=seed),
         concurrency=concurrency,
         env_kwargs=env_kwargs,
         progress=progress,

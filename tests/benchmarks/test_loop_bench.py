@@ -12,8 +12,8 @@ from tests.benchmarks.bench_helpers import assert_png
 pytestmark = pytest.mark.slow
 
 SIZES = {
-    "generation.instances": 4, "generation.num_samples": 2, "generation.max_turns": 2,
-    "generation.max_new_tokens": 8, "selection.theta": -100.0, "sft.max_steps": 2, "dpo.max_steps": 2,
+    "generation.instances": 2, "generation.num_samples": 2, "generation.max_turns": 2,
+    "generation.max_new_tokens": 8, "selection.theta": -100.0, "sft.max_steps": 1, "dpo.max_steps": 1,
     "tree.instances": 2, "tree.selections": 2, "tree.rollouts": 2, "tree.normalizer_instances": 2,
     "tree.theta_filter": -100.0, "tree.theta_diff": 0.0,
 }  # fmt: skip
