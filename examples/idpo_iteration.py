@@ -1,7 +1,8 @@
 """One iDPO iteration end to end: token normalizer → MCTS trees → pairs → DPO (RPO, α = 1).
 
 Small CPU settings by default (the embedded model and task, a few trees); every stage is the
-library's (:mod:`optima_trainers.tree.search`, :mod:`optima_trainers.dpo.pairs`, :mod:`optima_trainers.dpo.trainer`).
+library's (:mod:`optima_trainers.tree.search`, :mod:`optima_trainers.dpo.pairs`,
+:mod:`optima_trainers.dpo.trainer`).
 Writes under ``--out`` (default ``runs/idpo_iteration/<time>/``):
 
 * ``normalizer_episodes.jsonl``: the conversations that set the token normalizer (spec §6.3);

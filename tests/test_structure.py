@@ -127,7 +127,8 @@ def test_the_trainers_subpackages_import_only_the_layers_below_them() -> None:
             continue
         for target in targets:
             other = target.split(".")
-            if other[0] == package and len(other) >= 2 and other[1] in rank and rank[other[1]] > rank[parts[1]]:
+            above = len(other) >= 2 and other[1] in rank and rank[other[1]] > rank[parts[1]]
+            if other[0] == package and above:
                 upward.append(f"{name} -> {target}")
     assert not upward, "imports up the layers:\n" + "\n".join(sorted(upward))
 

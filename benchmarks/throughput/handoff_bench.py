@@ -122,7 +122,8 @@ def run_handoff_suite(
 
 
 def adapter_rank() -> tuple[int, int]:
-    """``(r, alpha)`` of the trainer's default LoRA (:class:`optima_trainers.config.training.SFTTrainConfig`)."""
+    """``(r, alpha)`` of the trainer's default LoRA
+    (:class:`optima_trainers.config.training.SFTTrainConfig`)."""
     from optima_trainers.config.training import SFTTrainConfig
 
     defaults = SFTTrainConfig()

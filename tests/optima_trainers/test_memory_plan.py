@@ -48,7 +48,9 @@ def test_the_sizes_are_the_readmes_arithmetic_for_llama_3_8b() -> None:
 
 
 @pytest.mark.parametrize(("card", "fitted"), [(80e9, 0.78), (141e9, 0.87)])
-def test_the_default_utilization_leaves_no_room_for_the_tree_stages_scorer_and_is_lowered(card, fitted) -> None:
+def test_the_default_utilization_leaves_no_room_for_the_tree_stages_scorer_and_is_lowered(
+    card, fitted
+) -> None:
     """At the default 0.9 the tree stage's engine and scorer do not fit together (nor at the 0.85
     the README used to give); the plan lowers the default to the highest value that fits."""
     for util in (0.9, 0.85):
@@ -77,7 +79,8 @@ def test_full_fine_tuning_fits_one_141_gb_card_or_eight_sharded_80_gb_cards() ->
     (sft,) = plan_memory(full, SHAPE, 80e9).failing()
     assert sft.name == "sft" and "deepspeed_zero3.yaml" in sft.fix
     assert plan_memory(full, SHAPE, 141e9).failing() == []
-    assert [p.name for p in plan_memory(full, SHAPE, 80e9, world=8).failing()] == ["sft"]  # DDP: a full copy each
+    ddp = plan_memory(full, SHAPE, 80e9, world=8)  # DDP: a full copy on each GPU
+    assert [p.name for p in ddp.failing()] == ["sft"]
     for zero, expected in ((2, 30.11), (3, 16.06)):
         plan = plan_memory(full, SHAPE, 80e9, world=8, zero_stage=zero)
         assert plan.failing() == []
@@ -114,7 +117,8 @@ def test_the_cli_prints_the_plan_and_refuses_a_run_that_does_not_fit(tmp_path: P
     assert "memory plan, one GPU of 80.0 GB at vllm_gpu_memory_utilization 0.78 (at most 0.78 fits)" in err
     assert "tree: CUDA context 0.50 + engine 62.40 + scorer 16.75 = 79.65 of 80.00 GB, fits" in err
     run = tmp_path / "run"
-    small = ["--task", "synth", "--trainer", "idpo", "--backend", "vllm", "--plan-gpu-gb", "2", "--run-dir", str(run)]
+    small = ["--task", "synth", "--trainer", "idpo", "--backend", "vllm", "--plan-gpu-gb", "2",
+             "--run-dir", str(run)]  # fmt: skip
     assert main(small) == 2
     assert "error: the run does not fit a GPU of 2.0 GB" in capsys.readouterr().err
     assert not run.exists()
