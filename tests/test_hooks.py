@@ -1,7 +1,7 @@
 """Every hookspec has a test (datasette's meta-test), and the tests of the registration and env hooks.
 
 The trainer hooks' tests (``test_hook_optima_episode_scored`` and the others) run a real training
-run in ``tests/optima_trainers/test_loop.py``; the meta-test finds them by name anywhere under
+run in ``tests/optima_trainers/host/test_loop.py``; the meta-test finds them by name anywhere under
 ``tests/``.
 """
 

@@ -1,4 +1,4 @@
-"""The README's Layout section and the package docstrings map every module (issue 28)."""
+"""The Layout section of the development page and the package docstrings map every module."""
 
 from __future__ import annotations
 
@@ -7,15 +7,14 @@ import re
 
 import pytest
 
+from tests.docs import DOCS, section
 from tests.helpers import REPO_ROOT
 
 PACKAGES = ("optima_env", "optima_trainers", "benchmarks")
 
 
 def layout_block() -> str:
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Layout\n", 1)[1]
-    return section.split("```", 2)[1]
+    return section(DOCS / "development.md", "Layout").split("```", 2)[1]
 
 
 def modules(package: str) -> list[str]:
@@ -30,9 +29,10 @@ def test_the_layout_names_every_module_and_every_folder() -> None:
     block = layout_block()
     words = set(re.findall(r"[\w.]+\.py|[\w]+/", block))
     missing = [m for m in (m for pkg in PACKAGES for m in modules(pkg)) if m.rsplit("/", 1)[1] not in words]
-    assert not missing, f"modules the README's Layout does not name: {missing}"
+    assert not missing, f"modules the Layout (docs/development.md) does not name: {missing}"
     folders = {p.parent.name + "/" for pkg in PACKAGES for p in (REPO_ROOT / pkg).rglob("__init__.py")}
-    assert not folders - words, f"packages the README's Layout does not name: {sorted(folders - words)}"
+    left = sorted(folders - words)
+    assert not left, f"packages the Layout (docs/development.md) does not name: {left}"
 
 
 @pytest.mark.parametrize(
@@ -49,6 +49,8 @@ def test_each_subpackage_docstring_maps_its_modules(package: str) -> None:
     doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text(encoding="utf-8"))) or ""
     dotted = package.replace("/", ".")
     missing = [
-        p.stem for p in sorted(folder.glob("*.py")) if p.name != "__init__.py" and f"{dotted}.{p.stem}" not in doc
+        p.stem
+        for p in sorted(folder.glob("*.py"))
+        if p.name != "__init__.py" and f"{dotted}.{p.stem}" not in doc
     ]
     assert not missing, f"{dotted}'s docstring does not name: {missing}"

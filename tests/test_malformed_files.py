@@ -1,5 +1,5 @@
 """Malformed files: every reader a user can feed (besides the dataset loaders, which
-tests/optima_env/test_datasets.py covers) turns a truncated JSON line, a missing field, a wrong
+tests/optima_env/datasets/test_datasets.py covers) turns a truncated JSON line, a missing field, a wrong
 type, an empty file and bytes that are not UTF-8 into one :class:`DataError` naming the file, the
 line and the field.
 
@@ -21,7 +21,7 @@ import pytest
 from optima_env import DataError, make
 from optima_env.io import read_episodes
 from optima_trainers.config.train import resolve_config
-from optima_trainers.generation.tree_stage import finished_chunks as _finished_chunks
+from optima_trainers.generation.tree_stage import finished_trees as _finished_trees
 from optima_trainers.run.folder import RunDir, read_stage_result
 from optima_trainers.run.records import PreferencePair, read_pairs
 
@@ -85,8 +85,8 @@ JSONL_READERS: dict[str, tuple[str, Callable[[Path], Any], Callable[[], dict], t
     "pairs": ("pairs.jsonl", read_pairs, _pair, ("chosen", ("depth", 1.5)), []),
     "trees": (
         "trees.jsonl",
-        _finished_chunks,
-        lambda: {"chunk": 0, "trees": []},
+        _finished_trees,
+        lambda: {"chunk": 0, "trees": [{}]},
         ("trees", ("chunk", "0")),
         {},
     ),

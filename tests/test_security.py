@@ -116,7 +116,7 @@ def test_episodes_generated_with_a_keyed_server_hold_no_api_key(tmp_path: Path, 
     from optima_trainers.config.train import resolve_config
     from optima_trainers.generation.rollouts import resumable_rollout
     from optima_trainers.run.folder import RunDir
-    from tests.optima_env.test_backends_openai import StubServer, echo, fast_policy
+    from tests.optima_env.backends.test_openai import StubServer, echo, fast_policy
 
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     caplog.set_level(logging.DEBUG)

@@ -13,6 +13,8 @@ import importlib
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import REPO_ROOT
 
 PACKAGES = ("optima_env", "optima_trainers", "benchmarks")
@@ -111,26 +113,105 @@ def _documented_layers(package: str) -> list[str]:
     return [name.strip() for name in lines[0].split("→")]
 
 
-def test_the_trainers_subpackages_import_only_the_layers_below_them() -> None:
-    """``optima_trainers``' folders are ordered layers (its docstring shows the order, bottom first):
-    a module imports only modules of its own folder, of the folders below it, and the package's
-    root modules (the public API, the hookspecs); every folder is in the order."""
-    package = "optima_trainers"
-    order = _documented_layers(package)
-    folders = sorted(p.name for p in (REPO_ROOT / package).iterdir() if (p / "__init__.py").is_file())
-    assert sorted(order) == folders, f"the docstring's layers {order} must name every folder {folders}"
+def _unit(name: str, package: str) -> str | None:
+    """The layer unit of module ``name`` of ``package``: its folder (``optima_trainers.run.folder``
+    -> ``run``), or, for a root module, its own name (``benchmarks.suites`` -> ``suites``);
+    ``None`` for the package itself."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == package and len(parts) >= 2 else None
+
+
+def _upward_imports(package: str, order: list[str]) -> list[str]:
+    """The imports of ``package`` that go up ``order`` (bottom first). A unit not in the order (a
+    root module the docstring does not name: the public API, the hookspecs, the core modules)
+    neither is checked nor counts as above anything."""
     rank = {name: i for i, name in enumerate(order)}
     upward = []
     for name, targets in _graph().items():
-        parts = name.split(".")
-        if parts[0] != package or len(parts) < 3 or parts[1] not in rank:
+        unit = _unit(name, package)
+        if unit not in rank:
             continue
         for target in targets:
-            other = target.split(".")
-            above = len(other) >= 2 and other[1] in rank and rank[other[1]] > rank[parts[1]]
-            if other[0] == package and above:
-                upward.append(f"{name} -> {target}")
-    assert not upward, "imports up the layers:\n" + "\n".join(sorted(upward))
+            other = _unit(target, package)
+            if other in rank and rank[other] > rank[unit]:
+                upward.append(f"{name} -> {target} ({unit} is below {other})")
+    return sorted(upward)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_the_subpackages_import_only_the_layers_below_them(package: str) -> None:
+    """Each package's folders are ordered layers (its docstring shows the order, bottom first): a
+    module imports only modules of its own folder, of the folders below it, and the package's root
+    modules the order does not name. Every folder is in the order; a root module it names (the
+    benchmarks' ``suites``, ``args``, ``run``) is a layer like a folder."""
+    order = _documented_layers(package)
+    root = REPO_ROOT / package
+    folders = sorted(p.name for p in root.iterdir() if (p / "__init__.py").is_file())
+    named_modules = sorted(set(order) - set(folders))
+    assert set(folders) <= set(order), f"the docstring's layers {order} must name every folder {folders}"
+    missing = [m for m in named_modules if not (root / f"{m}.py").is_file()]
+    assert not missing, f"the docstring's layers {order} name {missing}, neither a folder nor a module"
+    upward = _upward_imports(package, order)
+    assert not upward, "imports up the layers:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    """Each order read upside down has upward imports (e.g. the demo using the evaluation), and the
+    benchmarks' former ``demo <-> suites`` cycle would be one: the demo sits below the suites."""
+    for package in PACKAGES:
+        order = _documented_layers(package)
+        assert _upward_imports(package, order[::-1]), package
+    upside_down = _upward_imports("optima_env", _documented_layers("optima_env")[::-1])
+    assert any(line.startswith("optima_env.families.") and "datasets" in line for line in upside_down)
+    order = _documented_layers("benchmarks")
+    assert order.index("demo") < order.index("suites") < order.index("run")
+
+
+def _module_level_imports(source: str) -> set[str]:
+    """Modules imported when a module is imported: outside functions, not under ``TYPE_CHECKING``."""
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse)
+                continue
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                found.add(node.module or "")
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                children = getattr(node, field, None)
+                if isinstance(children, list):
+                    visit([c for c in children if isinstance(c, ast.stmt)] + [
+                        s for h in children if isinstance(h, ast.ExceptHandler) for s in h.body
+                    ])
+
+    visit(ast.parse(source).body)
+    return found
+
+
+def test_the_module_level_import_finder_skips_functions_and_type_checking() -> None:
+    source = (
+        "import json\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
+        "try:\n    import numpy\nexcept ImportError:\n    import array\n"
+        "def f():\n    import transformers\nclass C:\n    import re\n"
+    )
+    assert _module_level_imports(source) == {"json", "typing", "numpy", "array", "re"}
+
+
+@pytest.mark.parametrize("package", ["optima_env", "optima_trainers"])
+def test_no_module_imports_torch_when_it_is_imported(package: str) -> None:
+    """``optima_env`` and ``optima_trainers`` import torch only inside the functions that need it."""
+    found = [
+        str(path.relative_to(REPO_ROOT))
+        for name, path in _modules().items()
+        if name.split(".")[0] == package
+        and any(m.split(".")[0] == "torch" for m in _module_level_imports(path.read_text(encoding="utf-8")))
+    ]
+    assert not found, f"torch imported at module level (import it inside the function): {found}"
 
 
 def test_one_jsonl_reader_and_one_policy_loader() -> None:

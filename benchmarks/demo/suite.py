@@ -53,7 +53,15 @@ from benchmarks.demo.clock import InvocationClock
 from benchmarks.demo.control import control_label
 from benchmarks.demo.plots import write_plots
 from benchmarks.demo.report import readme_block, summarize, write_pages
-from benchmarks.demo.tasks import DEMO_ENGINE, DEMO_TASKS, DemoTask, eval_settings, stage_label, trainer_label
+from benchmarks.demo.tasks import (
+    DEMO_ENGINE,
+    DEMO_SUITE,
+    DEMO_TASKS,
+    DemoTask,
+    eval_settings,
+    stage_label,
+    trainer_label,
+)
 from benchmarks.demo.train import (
     TrainedRun,
     adapter_dir,
@@ -67,7 +75,6 @@ from benchmarks.evaluation.methods import Method, PlaySettings, build_methods, c
 from benchmarks.evaluation.outputs import collect_results, write_outputs, write_viewer, written_results
 from benchmarks.evaluation.store import EpisodeStore
 from benchmarks.evaluation.units import TaskEntry, open_task, pending_jobs, play_methods
-from benchmarks.suites import get_suite
 from optima_env import make_task
 from optima_env.backends.peft_adapter import ADAPTER_WEIGHTS, verify_manifest
 from optima_env.errors import DataError, MissingDependencyError, TaskContractError
@@ -128,7 +135,7 @@ def _stage_keys(runs: Sequence[TrainedRun], settings: PlaySettings) -> dict[str,
 def _entry(spec: DemoTask, instances: int) -> TaskEntry:
     """The first ``instances`` held-out instances of the task."""
     return open_task(
-        (spec.task,), explicit=True, suite=get_suite("demo"), split=spec.eval_split,
+        (spec.task,), explicit=True, suite=DEMO_SUITE, split=spec.eval_split,
         episodes=instances, pm=None, task_kwargs=spec.task_kwargs,
     )  # fmt: skip
 

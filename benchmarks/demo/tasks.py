@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.evaluation.methods import PlaySettings
+from benchmarks.evaluation.suite_spec import Suite
 from optima_env.errors import TaskContractError
 
 __all__ = [
     "DEMO_ENGINE",
+    "DEMO_SUITE",
     "DEMO_TASKS",
     "MAIN_TASK",
     "TRAINERS",
@@ -39,6 +41,14 @@ with (fp32, per-row ``torch.multinomial``), so a rerun goes on with them instead
 engines (:func:`benchmarks.evaluation.units.check_engine`). The main command decodes with
 ``--precision auto`` (bf16 linear layers on this CPU, which pass the fidelity check of
 ``benchmarks/results/rollout_engines``); the demo keeps its committed numbers reproducible."""
+
+DEMO_SUITE = Suite(
+    name="demo",
+    description="Table 1 on 2 CPU cores: iSFT, iDPO and iSFT-DPO trained on the embedded task "
+    "and HotpotQA, against CoT, SC, MAD and AutoForm (hours; resumable)",
+    concurrency=32,
+)
+"""The ``demo`` suite's defaults (listed in :data:`benchmarks.suites.SUITES`)."""
 
 _LABELS = {"isft": "iSFT", "idpo": "iDPO", "isft-dpo": "iSFT-DPO"}
 

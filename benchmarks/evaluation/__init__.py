@@ -7,6 +7,7 @@
 * :mod:`~benchmarks.evaluation.controls`: the shortcut ceiling, one hand and counterfactuals;
 * :mod:`~benchmarks.evaluation.prompts`: the baselines' prompts (CoT, MAD, AutoForm; spec §8.2);
 * :mod:`~benchmarks.evaluation.policies`: a model through a backend, or the scripted policy;
+* :mod:`~benchmarks.evaluation.suite_spec`: a suite's defaults (:class:`Suite`);
 * :mod:`~benchmarks.evaluation.units`: a run's (method, task) units of work;
 * :mod:`~benchmarks.evaluation.store`: the append-only episode file a run resumes from;
 * :mod:`~benchmarks.evaluation.outputs`: from stored episodes to result rows and files;

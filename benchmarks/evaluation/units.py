@@ -16,7 +16,7 @@ from typing import Any
 from benchmarks.evaluation.methods import Method, PlaySettings
 from benchmarks.evaluation.policies import load_policy
 from benchmarks.evaluation.store import EpisodeStore
-from benchmarks.suites import Suite
+from benchmarks.evaluation.suite_spec import Suite
 from optima_env import RewardConfig, make_task, resolve_task_id
 from optima_env.backends.precision import engine_record, recorded_engine
 from optima_env.configtree import apply

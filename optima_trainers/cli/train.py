@@ -173,12 +173,9 @@ def _profile(name: str | None) -> str:
         return _profile("auto")
     if name != "auto":
         return name
-    try:
-        import torch
+    from optima_trainers.config.train import cuda_available
 
-        return "paper" if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        return "cpu"
+    return "paper" if cuda_available() else "cpu"
 
 
 def resolve_from_args(ns: argparse.Namespace, pm: Any) -> tuple[Any, Any]:

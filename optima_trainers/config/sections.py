@@ -1,9 +1,10 @@
-"""The ``generation`` and ``tree`` sections of the trainer configuration (:mod:`optima_trainers.config.train`).
+"""The ``generation`` and ``tree`` sections of the trainer configuration
+(:mod:`optima_trainers.config.train`).
 
-A leaf module, so that the tree code (:mod:`optima_trainers.tree.nodes`, :mod:`optima_trainers.tree.search`)
-takes these sections as they are without importing the rest of the configuration; like the other
-sections (``SFTTrainConfig`` in :mod:`optima_trainers.sft.trainer`, ``DPOTrainConfig`` in
-:mod:`optima_trainers.dpo.trainer`), each setting is declared here once and reached through
+A leaf module, so that the tree code (:mod:`optima_trainers.tree.nodes`,
+:mod:`optima_trainers.tree.search`) takes these sections as they are without importing the rest of
+the configuration; like the other sections (``SFTTrainConfig`` and ``DPOTrainConfig`` in
+:mod:`optima_trainers.config.training`), each setting is declared here once and reached through
 :class:`~optima_trainers.config.train.TrainConfig` by its dotted name.
 """
 
@@ -335,9 +336,7 @@ class TreeSearchConfig:
     pair_task_gap: float = 0.0
     """With ``pair_task_credit``: how much more task credit the chosen side must have than the
     rejected side (the credit difference must exceed it). 0: any positive difference. A tiny
-    difference leaves the pair's value gap to the token and readability terms (issue 31: in a
-    probe of the demo's synth trees, the smallest kept task gap was 0.001 against a token gap of
-    0.35 on average)."""
+    difference leaves the pair's value gap to the token and readability terms."""
 
     def __post_init__(self) -> None:
         for name in ("instances", "normalizer_instances", "selections", "rollouts", "top_k"):

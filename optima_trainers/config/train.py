@@ -152,12 +152,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
-        """Rebuild from :meth:`to_dict` output; unknown keys raise :class:`ConfigError`. A config
-        written before the tree reward was derived from ``reward`` (a ``tree.reward`` section) is
-        read as the same run (:func:`_upgrade`), and so is one holding ``generation.compute_type``,
-        the weight type of the retired CTranslate2 backend, which no other backend read
-        (:func:`_drop_retired`)."""
-        return from_dict(cls, _upgrade(_drop_retired(data)))
+        """Rebuild from :meth:`to_dict` output; unknown keys raise :class:`ConfigError`."""
+        return from_dict(cls, data)
 
     def replace(self, **overrides: Any) -> TrainConfig:
         """A copy with dotted overrides applied (``replace(**{"reward.lambda_token": 0.4})``)."""
@@ -186,46 +182,6 @@ def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 _RUN_FIELDS = ("task", "trainer", "preset", "profile", "family")
-
-_RETIRED = {"generation": ("compute_type",)}
-"""Stored fields that no longer exist and never changed a run of today's backends: the CTranslate2
-backend's weight type (``generation.compute_type``, every config wrote it; CHANGELOG.md)."""
-
-
-def _drop_retired(data: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A stored config without the :data:`_RETIRED` fields (a run stored with
-    ``generation.backend="ct2"`` still fails: that backend is gone)."""
-    if not isinstance(data, Mapping):
-        return data
-    out = dict(data)
-    for section, names in _RETIRED.items():
-        if isinstance(out.get(section), Mapping):
-            out[section] = {k: v for k, v in out[section].items() if k not in names}
-    return out
-
-
-def _upgrade(data: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A stored config with the former ``tree.reward`` section, as today's fields: its weights
-    become ``tree.lambda_*`` where they differ from ``reward``'s; every other field must equal what
-    :meth:`TreeSearchConfig.reward_of` derives, or the run cannot be read as the same run."""
-    tree = data.get("tree") if isinstance(data, Mapping) else None
-    if not isinstance(tree, Mapping) or "reward" not in tree:
-        return data
-    old, tree = dict(tree["reward"] or {}), {k: v for k, v in tree.items() if k != "reward"}
-    run = from_dict(RewardConfig, data.get("reward") or {}, prefix="reward.")
-    for name in ("lambda_token", "lambda_loss"):
-        if name in old and old[name] != getattr(run, name):
-            tree[name] = old[name]
-    derived = to_dict(from_dict(TreeSearchConfig, tree, prefix="tree.").reward_of(run))
-    differing = sorted(k for k, v in old.items() if derived.get(k) != v)
-    if differing:
-        raise ConfigError(
-            f"this stored config's tree.reward differs from the run's reward in {differing}, which a "
-            "config can no longer express (the tree reward derives from reward.*, spec §3); start a "
-            "new run folder"
-        )
-    return {**data, "tree": tree}
-
 
 def _user_reward_reaches_trees(layers: list[Mapping[str, Any]], user: Mapping[str, Any]) -> dict[str, Any]:
     """``tree.lambda_*: None`` for each weight the user set in ``reward`` but not in ``tree``,
@@ -356,7 +312,7 @@ def _on_device(config: TrainConfig, device: str | None) -> TrainConfig:
     ``sft``/``dpo.gradient_checkpointing=None`` (bf16 and checkpointing with a GPU; fp32 and none
     on CPUs). ``device=None`` asks torch (when installed) whether CUDA is there."""
     if device is None:
-        device = "cuda" if _cuda_available() else "cpu"
+        device = "cuda" if cuda_available() else "cpu"
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device must be 'cpu' or 'cuda', got {device!r}")
     cuda = device == "cuda"
@@ -369,7 +325,8 @@ def _on_device(config: TrainConfig, device: str | None) -> TrainConfig:
     return apply(config, resolved) if resolved else config
 
 
-def _cuda_available() -> bool:
+def cuda_available() -> bool:
+    """Whether torch is installed and sees a CUDA GPU (torch is imported only when installed)."""
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:

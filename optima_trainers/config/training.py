@@ -12,11 +12,34 @@ from typing import Any, Literal
 
 from optima_env.errors import TaskContractError
 
-__all__ = ["DPOTrainConfig", "SFTTrainConfig", "SelectionConfig"]
+__all__ = ["DPOTrainConfig", "LoRAOptions", "SFTTrainConfig", "SelectionConfig"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SFTTrainConfig:
+class LoRAOptions:
+    """The LoRA options of a training section, shared by :class:`SFTTrainConfig` and
+    :class:`DPOTrainConfig` (their ``lora*`` fields: ``sft.lora_r``, ``dpo.lora_alpha``, ...)."""
+
+    lora: bool = True
+    """Train a LoRA adapter (merged into the weights when saved); False: full fine-tuning."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA alpha."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+
+    def _check_lora(self, section: str) -> None:
+        for name in ("lora_r", "lora_alpha"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TaskContractError(f"{section}.{name} must be an int >= 1, got {value!r}")
+        if not (isinstance(self.lora_dropout, (int, float)) and 0 <= self.lora_dropout < 1):
+            raise TaskContractError(f"{section}.lora_dropout must lie in [0, 1), got {self.lora_dropout!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SFTTrainConfig(LoRAOptions):
     """Hyperparameters of one SFT stage (the ``sft`` section of the trainer configuration).
 
     Defaults: the reference recipes' common values (spec §5) with LoRA; the task presets and the
@@ -40,14 +63,6 @@ class SFTTrainConfig:
     """Recompute activations in the backward pass (less memory, about a third more compute).
     ``None``: on with a GPU, off on CPUs (where it only costs time), resolved when the run's
     configuration is built (``--print-config`` shows the value)."""
-    lora: bool = True
-    """Train a LoRA adapter (merged into the weights at save) instead of every weight."""
-    lora_r: int = 16
-    """LoRA rank."""
-    lora_alpha: int = 32
-    """LoRA alpha."""
-    lora_dropout: float = 0.0
-    """LoRA dropout."""
     warmup_ratio: float = 0.1
     """Linear warm-up fraction before the cosine schedule."""
     eval_fraction: float = 0.0
@@ -63,7 +78,8 @@ class SFTTrainConfig:
     it trains every turn; a short cap (the cpu profile's) cuts many."""
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "per_device_batch_size", "max_length", "lora_r", "lora_alpha"):
+        self._check_lora("sft")
+        for name in ("batch_size", "per_device_batch_size", "max_length"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise TaskContractError(f"sft.{name} must be an int >= 1, got {value!r}")
@@ -73,14 +89,14 @@ class SFTTrainConfig:
             raise TaskContractError(f"sft.learning_rate must lie in (0, 1), got {self.learning_rate!r}")
         if not (isinstance(self.epochs, (int, float)) and self.epochs > 0):
             raise TaskContractError(f"sft.epochs must be > 0, got {self.epochs!r}")
-        for name in ("warmup_ratio", "eval_fraction", "lora_dropout"):
+        for name in ("warmup_ratio", "eval_fraction"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1):
                 raise TaskContractError(f"sft.{name} must lie in [0, 1), got {value!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DPOTrainConfig:
+class DPOTrainConfig(LoRAOptions):
     """Settings of one DPO stage. Defaults: the reference iDPO recipe (spec §6.5) with LoRA;
     :meth:`cpu` gives small settings for the embedded model on a CPU."""
 
@@ -92,7 +108,7 @@ class DPOTrainConfig:
     """Which chosen turns the NLL term trains: every pair's (``all``, TRL's ``sft`` term and the
     reference's RPO), or only those of pairs whose chosen side has task credit > 0 (``credited``:
     the tree stage then writes each pair's ``chosen_task``; see
-    :func:`~optima_trainers.dpo.metrics.split_loss_trainer`). Beyond the reference (issue 31)."""
+    :func:`~optima_trainers.dpo.metrics.split_loss_trainer`). Beyond the reference."""
     learning_rate: float = 5e-7
     """Peak learning rate (reference: 5e-7, full fine-tuning)."""
     epochs: float = 1.0
@@ -118,14 +134,6 @@ class DPOTrainConfig:
     """Recompute activations in the backward pass (less memory, about a third more compute).
     ``None``: on with a GPU, off on CPUs (where it only costs time), resolved when the run's
     configuration is built (``--print-config`` shows the value)."""
-    lora: bool = True
-    """Train a LoRA adapter (merged into the weights when saved); False: full fine-tuning."""
-    lora_r: int = 16
-    """LoRA rank."""
-    lora_alpha: int = 32
-    """LoRA alpha."""
-    lora_dropout: float = 0.0
-    """LoRA dropout."""
     lora_target_modules: str | tuple[str, ...] = "all-linear"
     """Modules that get adapters (``all-linear``: every linear layer of the blocks)."""
     max_steps: int | None = None
@@ -142,7 +150,8 @@ class DPOTrainConfig:
             raise TaskContractError(f"dpo.rpo_scope must be 'all' or 'credited', got {self.rpo_scope!r}")
         if self.rpo_alpha is not None and not self.rpo_alpha >= 0:
             raise TaskContractError(f"rpo_alpha must be None (plain DPO) or >= 0, got {self.rpo_alpha!r}")
-        for name in ("batch_size", "per_device_batch_size", "max_length", "lora_r", "logging_steps"):
+        self._check_lora("dpo")
+        for name in ("batch_size", "per_device_batch_size", "max_length", "logging_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise TaskContractError(f"dpo.{name} must be an int >= 1, got {value!r}")

@@ -1,5 +1,7 @@
 """Generation and scoring for the trainer loop: resumable rollouts, readability and rewards.
 
+:func:`stage_rollout` plays a stage's jobs into one of its files (its conversations, or the tree
+stage's normalizer conversations), sharded over the run's processes and resumable.
 :func:`resumable_rollout` appends every finished episode to a JSONL file as it ends, tagged with
 its job (``metadata["job"] = [instance, sample]``). Called again on the same file (after a crash),
 it reloads the finished episodes, rewrites the file without a torn last line, and plays only the
@@ -26,7 +28,15 @@ from optima_env.registry import readability_specs
 from optima_env.rollout import RolloutJob, rollout
 from optima_env.task import Task
 from optima_env.types import Episode
-from optima_trainers.generation.shards import Shard
+from optima_trainers.config.env import EnvSettings
+from optima_trainers.generation.shards import (
+    Shard,
+    collect,
+    discard_shards,
+    fold,
+    play_shard,
+    write_gathered,
+)
 from optima_trainers.run.faults import fault_point
 from optima_trainers.run.stages import Stage
 
@@ -37,6 +47,7 @@ __all__ = [
     "in_flight",
     "load_readability_scorer",
     "resumable_rollout",
+    "stage_rollout",
 ]
 
 
@@ -62,8 +73,8 @@ class GenerationContext:
     """The current model's policy (loaded when a phase needs it)."""
     release: Callable[[ChatPolicy], None]
     """Frees a policy once its phase is over."""
-    env_kwargs: Callable[..., dict[str, Any]]
-    """``env_kwargs(policy, diverse=False)``: the env options of the run for that policy."""
+    env: Callable[..., EnvSettings]
+    """``env(policy, diverse=False)``: the run's env settings for that policy."""
     readability: Callable[[], Callable[[Sequence[str]], Sequence[float]]]
     """The frozen base model's per-turn losses (loaded on first call, once per run)."""
     events: Any
@@ -181,13 +192,71 @@ def resumable_rollout(
     return [done[k] if k in done else reused[k] for k in keys]
 
 
+def stage_rollout(
+    ctx: GenerationContext,
+    name: str,
+    jobs: list[RolloutJob],
+    *,
+    sampling: SamplingParams,
+    diverse: bool = False,
+    policy: ChatPolicy | None = None,
+    everyone: bool = False,
+    what: str = "jobs",
+) -> list[Episode] | None:
+    """Play ``jobs`` into the stage file ``name`` (:func:`resumable_rollout`: appended, resumed),
+    row ``job.index % ctx.num_train`` each, and return every job's episode in job order.
+
+    ``policy``: the policy to play with; ``None`` loads one (``ctx.load_policy``) where there is
+    something to play and releases it after. The env: ``ctx.env(policy, diverse=diverse)``.
+    Under several processes (``ctx.shard``) each rank plays its shard (``what`` names the jobs in
+    its log line and marker); the main process gathers them into ``name``. With ``everyone``
+    every rank waits for all and gets every episode, and the shard files stay for the stage's
+    other phases to remove; otherwise the main process removes them and the others get ``None``.
+    """
+    gen, shard, folder = ctx.config.generation, ctx.shard, ctx.folder
+
+    def play(todo: list[RolloutJob], path: Path, reused: Mapping[tuple[int, int], Episode]) -> list[Episode]:
+        active = policy if policy is not None else ctx.load_policy()
+        episodes = resumable_rollout(
+            ctx.task,
+            active,
+            jobs=todo,
+            reset_options=lambda job: {"index": job.index % ctx.num_train},
+            path=path,
+            sampling=sampling,
+            env_kwargs=ctx.env(active, diverse=diverse).kwargs(gen, split=ctx.config.split),
+            concurrency=in_flight(gen, active),
+            driver=gen.driver,
+            progress=ctx.progress,
+            reused=reused,
+        )
+        if policy is None:
+            ctx.release(active)
+        return episodes
+
+    keys = [(j.index, j.sample) for j in jobs]
+    if shard.world == 1:
+        fold(folder, name, keys)  # the shards of an earlier multi-process attempt, if any
+        return play(jobs, folder / name, {})
+    play_shard(shard, folder, name, keys, lambda positions, path, reused: play(
+        [jobs[p] for p in positions], path, {k: Episode.from_dict(r) for k, r in reused.items()}
+    ), what=what)  # fmt: skip
+    if not (shard.main or everyone):
+        return None
+    records = [record for _, record in collect(shard, folder, name, keys)]
+    if shard.main:
+        write_gathered(folder, name, records)
+        if not everyone:
+            discard_shards(folder, name)
+    return [Episode.from_dict(record) for record in records]
+
+
 class PhaseClock:
     """A long phase's wall time, recorded as its work is saved, not only when it ends.
 
     A tree phase runs for hours and saves each tree as it completes; a run stopped in the middle
-    resumes from the saved trees, so the time that grew them was spent on the run's result. Before
-    this clock only the invocation that finished the phase recorded its time, and an interrupted
-    invocation's was lost. :meth:`lap` adds the time since the last lap (or the start) to the
+    resumes from the saved trees, so the time that grew them counts toward the run's result, in
+    whichever invocation it was spent. :meth:`lap` adds the time since the last lap (or the start) to the
     phase's timing without marking it finished (``ctx.record_time``); :meth:`finish` records the
     rest and marks the phase finished (``ctx.phase``). Time after the last lap of an interrupted
     invocation is lost with the work in flight, which the resumed phase does again.

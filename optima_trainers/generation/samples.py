@@ -28,13 +28,7 @@ from optima_env.io import read_episodes, write_episodes
 from optima_env.rollout import RolloutJob, make_jobs
 from optima_env.types import Episode
 from optima_trainers.config.train import TrainConfig
-from optima_trainers.generation.rollouts import (
-    GenerationContext,
-    episode_summary,
-    in_flight,
-    resumable_rollout,
-)
-from optima_trainers.generation.shards import collect, discard_shards, fold, play_shard, write_gathered
+from optima_trainers.generation.rollouts import GenerationContext, episode_summary, stage_rollout
 from optima_trainers.sft.selection import draw_sample_id
 
 __all__ = ["generate_sample_stage", "read_sample_stage", "select_through_hook"]
@@ -72,45 +66,15 @@ def generate_sample_stage(ctx: GenerationContext, *, indices: list[int], init: b
 def _generate(ctx: GenerationContext, jobs: list[RolloutJob], *, init: bool) -> list[Episode] | None:
     """Every job's episode in job order (``episodes.jsonl``, appended and resumed); under several
     processes this rank's shard, gathered by the main process (``None`` on the others)."""
-    task, gen, shard, name = ctx.task, ctx.config.generation, ctx.shard, "episodes.jsonl"
-
-    def play(todo: list[RolloutJob], path: Path, reused: dict[Any, Episode]) -> list[Episode]:
-        policy = ctx.load_policy()
-        episodes = resumable_rollout(
-            task,
-            policy,
-            jobs=todo,
-            reset_options=lambda job: {"index": job.index % ctx.num_train},
-            path=path,
-            sampling=gen.sampling(task.agents, seed=ctx.seed, init=init),
-            env_kwargs=ctx.env_kwargs(policy, diverse=init and gen.diverse_init and task.num_formats > 0),
-            concurrency=in_flight(gen, policy),
-            driver=gen.driver,
-            progress=ctx.progress,
-            reused=reused,
-        )
-        ctx.release(policy)
-        return episodes
-
-    keys = [(j.index, j.sample) for j in jobs]
-    if shard.world == 1:
-        fold(ctx.folder, name, keys)  # the shards of an earlier multi-process attempt, if any
-        return play(jobs, ctx.folder / name, {})
-    play_shard(
-        shard,
-        ctx.folder,
-        name,
-        keys,
-        lambda positions, path, reused: play(
-            [jobs[p] for p in positions], path, {k: Episode.from_dict(r) for k, r in reused.items()}
-        ),
+    task, gen = ctx.task, ctx.config.generation
+    diverse = init and gen.diverse_init and task.num_formats > 0
+    return stage_rollout(
+        ctx,
+        "episodes.jsonl",
+        jobs,
+        sampling=gen.sampling(task.agents, seed=ctx.seed, init=init),
+        diverse=diverse,
     )
-    if not shard.main:
-        return None
-    records = [record for _, record in collect(shard, ctx.folder, name, keys)]
-    write_gathered(ctx.folder, name, records)
-    discard_shards(ctx.folder, name)
-    return [Episode.from_dict(record) for record in records]
 
 
 def read_sample_stage(folder: Path) -> tuple[list[Episode], list[Episode], dict[str, float]]:

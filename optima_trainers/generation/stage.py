@@ -1,8 +1,8 @@
 """The trainer host's generation: the policies, env options and scorer of a run, and each stage's
 generation (sampled stages, tree stages, an online backend's instance list) on every process.
 
-:class:`StageGeneration` is the part of :class:`~optima_trainers.host.loop.IterativeTrainer` that
-generates; under ``accelerate launch`` with N processes every rank runs :meth:`_generate` with its
+:class:`StageGeneration` is the object :class:`~optima_trainers.host.loop.IterativeTrainer` holds
+to generate; under ``accelerate launch`` with N processes every rank runs :meth:`generate` with its
 own engine on its shard of the stage's jobs (:mod:`optima_trainers.generation.shards`), and the main process
 gathers the shards, scores and selects (:mod:`~optima_trainers.generation.samples`,
 :mod:`~optima_trainers.generation.tree_stage`).
@@ -22,6 +22,7 @@ from optima_env.io import write_json_atomic
 from optima_env.models import context_length
 from optima_env.policy import PerAgentPolicy
 from optima_env.task import Task
+from optima_trainers.config.env import EnvSettings
 from optima_trainers.config.train import TrainConfig
 from optima_trainers.generation.engines import PolicyLoader, check_stage_engine
 from optima_trainers.generation.rollouts import GenerationContext, load_readability_scorer
@@ -37,18 +38,39 @@ __all__ = ["StageGeneration"]
 
 
 class StageGeneration:
-    """Generation for the trainer host (a mixin of :class:`~optima_trainers.host.loop.IterativeTrainer`,
-    which sets the attributes below)."""
+    """A run's generation, held by the trainer host (:class:`~optima_trainers.host.loop.IterativeTrainer`):
+    its policies (:attr:`loader`), env settings and readability scorer, and each stage's data.
 
-    config: TrainConfig
-    run_dir: RunDir
-    pm: pluggy.PluginManager
-    task: Task
-    num_train: int
-    base_model: str
-    progress: bool
-    loader: PolicyLoader
-    _scorer: Any
+    Args:
+        config: the run configuration.
+        run_dir: the run folder (phases are recorded in its state).
+        pm: the plugin manager (hooks fired, scorers and engines looked up).
+        task: the run's task.
+        base_model: the starting model's path.
+        progress: show progress bars.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: TrainConfig,
+        run_dir: RunDir,
+        pm: pluggy.PluginManager,
+        task: Task,
+        base_model: str,
+        progress: bool,
+    ) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.pm = pm
+        self.task = task
+        self.base_model = base_model
+        self.progress = progress
+        self.num_train = len(task.samples(config.split))
+        """Rows of the training split (a cursor position ``p`` plays row ``p % num_train``)."""
+        self._scorer: Any = None
+        self.loader = PolicyLoader(config, free_for_engine=self.drop_scorer, pm=pm)
+        """Loads the generation policies (with vLLM, one engine for the whole run)."""
 
     def _indices(self, start: int, count: int) -> list[int]:
         """Cursor positions ``start, ..., start + count - 1``: each its own draw (job key, sample id);
@@ -78,34 +100,31 @@ class StageGeneration:
             return None
         return max(1, context - self.config.generation.max_new_tokens)
 
-    def _env_kwargs(self, policy: Any, *, diverse: bool = False) -> dict[str, Any]:
-        tokenizer = getattr(policy, "tokenizer", None)
-        return dict(
-            split=self.config.split,
-            max_turns=self.config.generation.max_turns,
+    def _env(self, policy: Any, *, diverse: bool = False) -> EnvSettings:
+        """The run's env settings for ``policy`` (with ``diverse``: the format-diverse pool)."""
+        return EnvSettings(
             max_prompt_tokens=self._prompt_budget(policy),
-            tokenizer=tokenizer,
+            tokenizer=getattr(policy, "tokenizer", None),
             diverse_formats=diverse,
-            message_format=self.config.generation.message_format,
-            termination=self.config.generation.termination,
-            scoring=False,  # the run scores with its own reward (groups, readability) below
+            scoring=False,  # the run scores with its own reward (groups, readability)
             pm=self.pm,
         )
 
     def _policy(self, model: str) -> Any:
         gen = self.config.generation
         if gen.agent_models:  # fixed roles speak with their own model; the rest with the current one
-            fixed = {a: self._load(m) for a, m in gen.agent_models.items()}
-            return PerAgentPolicy(fixed, default=self._load(model))
-        return self._load(model)
+            fixed = {a: self.load(m) for a, m in gen.agent_models.items()}
+            return PerAgentPolicy(fixed, default=self.load(model))
+        return self.load(model)
 
-    def _load(self, model: str) -> Any:
+    def load(self, model: str) -> Any:
+        """A policy speaking with ``model`` (:meth:`PolicyLoader.load`)."""
         return self.loader.load(model)
 
     def _release(self, policy: Any) -> None:
         self.loader.release(policy)
 
-    def _drop_scorer(self) -> None:
+    def drop_scorer(self) -> None:
         """Before a stage trains, before a vLLM engine starts (it sizes itself from the memory free
         then, and refuses to start below gpu_memory_utilization) and before the kept engine wakes
         (it reallocates its weights and KV cache): the frozen readability model leaves, loaded
@@ -123,11 +142,12 @@ class StageGeneration:
             track("scorer", self._scorer)  # a test (or a user) can check it is gone at each wake
         return self._scorer
 
-    def _phase(self, stage: Stage, phase: str, started: float, **extra: Any) -> None:
+    def record_phase(self, stage: Stage, phase: str, started: float, **extra: Any) -> None:
+        """Record a finished phase of ``stage`` (started at ``started``) in the run state."""
         self.run_dir.record_phase(stage.name, phase, time.perf_counter() - started, **extra)
         fault_point("phase")
 
-    def _generate(self, stage: Stage, model: str, cursor: int, folder: Path, shard: Shard) -> int:
+    def generate(self, stage: Stage, model: str, cursor: int, folder: Path, shard: Shard) -> int:
         """Generate (or resume) this process's part of the stage's data into ``folder`` (all of it
         in one process; the main process also gathers, scores and selects); returns the cursor
         after the stage. What the last training phase held is released first (:func:`release`)."""
@@ -148,11 +168,11 @@ class StageGeneration:
             num_train=self.num_train,
             load_policy=lambda: check_stage_engine(self._policy(model), folder, record=shard.main),
             release=self._release,
-            env_kwargs=self._env_kwargs,
+            env=self._env,
             readability=lambda: self.scorer,
             events=self.pm.hook,
             phase=lambda phase, started, extra: (
-                self._phase(stage, phase, started, **extra) if shard.main else None
+                self.record_phase(stage, phase, started, **extra) if shard.main else None
             ),  # only the main process records phases in the run state
             record_time=lambda phase, seconds: (
                 self.run_dir.record_time(stage.name, phase, seconds) if shard.main else None

@@ -6,8 +6,7 @@
 2. ``mcts``: one tree per next ``tree.instances`` instance (:func:`optima_trainers.tree.search.build_trees`),
    all grown in ONE search (each tree advances on its own; nothing drains between trees); each
    tree is appended to ``trees.jsonl`` as ONE line (``{"chunk": <its position in the stage>,
-   "trees": [<its record>]}``; the names are those of the former lines of a chunk of trees, so
-   that the file's readers are unchanged) the moment its last selection is finished, its pair
+   "trees": [<its record>]}``) the moment its last selection is finished, its pair
    records to ``pairs_detail.jsonl`` just before (their ``chunk``: the tree's position). A
    resumed run regrows only the trees it has no line for (a tree is a deterministic function of
    its own seed and instance, so a regrown tree equals the lost one), and once every tree is there
@@ -33,16 +32,14 @@ from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import DataError
 from optima_env.io import append_jsonl, read_episodes, read_jsonl, read_text, write_text_atomic
 from optima_env.policy import ChatPolicy
-from optima_env.reward import percentile_normalizer
-from optima_env.rollout import RolloutJob, make_jobs
+from optima_env.rollout import make_jobs
 from optima_env.types import Episode
 from optima_trainers.config.train import TrainConfig
-from optima_trainers.generation.rollouts import GenerationContext, PhaseClock, in_flight, resumable_rollout
+from optima_trainers.generation.rollouts import GenerationContext, PhaseClock, in_flight, stage_rollout
 from optima_trainers.generation.shards import (
     Shard,
     collect,
     discard_shards,
-    fold,
     keyed,
     play_shard,
     read_records,
@@ -52,6 +49,8 @@ from optima_trainers.generation.shards import (
 )
 from optima_trainers.run.faults import fault_point
 from optima_trainers.run.records import PreferencePair, read_pairs, write_pairs
+from optima_trainers.run.run_format import old_format_error
+from optima_trainers.tree.normalizer import token_normalizer
 
 __all__ = ["generate_tree_stage", "read_tree_stage"]
 
@@ -66,12 +65,14 @@ def _chunk_record(record: Any) -> tuple[int, list[dict[str, Any]]]:
     return record["chunk"], record["trees"]
 
 
-def finished_chunks(path: Path) -> dict[int, list[dict[str, Any]]]:
-    """Chunk number -> its tree records, from ``trees.jsonl`` (a torn last line is dropped from
-    the file, so the next append starts on a clean line)."""
+def finished_trees(path: Path) -> dict[int, list[dict[str, Any]]]:
+    """Tree position -> ``[its record]``, from a trees file, one tree per line (a torn last line is
+    dropped from the file, so the next append starts on a clean line)."""
     if not path.is_file():
         return {}
     done = dict(read_jsonl(path, _chunk_record, fix="delete the file to regrow the trees"))
+    for number, trees in done.items():
+        _check_one_tree(number, trees, path)
     text = read_text(path)
     if text and not text.endswith("\n"):  # an interrupted append: rewrite without the torn line
         lines = (json.dumps({"chunk": c, "trees": t}) + "\n" for c, t in sorted(done.items()))
@@ -79,21 +80,12 @@ def finished_chunks(path: Path) -> dict[int, list[dict[str, Any]]]:
     return done
 
 
-def finished_trees(path: Path) -> dict[int, list[dict[str, Any]]]:
-    """Tree position -> ``[its record]``, from a trees file (:func:`finished_chunks`, one tree per line)."""
-    done = finished_chunks(path)
-    for number, trees in done.items():
-        _check_one_tree(number, trees, path)
-    return done
-
-
-def _check_one_tree(number: int, trees: list[Any], path: Path | None = None) -> None:
-    if len(trees) != 1:
-        where = f"{path}: " if path is not None else "a trees file: "
+def _check_one_tree(number: int, trees: list[Any], path: Path | str = "a trees file") -> None:
+    if len(trees) > 1:
+        raise old_format_error(path, f"the line of chunk {number} holds {len(trees)} trees")
+    if not trees:
         raise DataError(
-            f"{where}the line of chunk {number} holds {len(trees)} trees, where every line holds one; "
-            "it was written by an older optima_trainers, which saved trees in chunks: delete the stage's "
-            "trees*.jsonl and pairs_detail*.jsonl to regrow its trees, or finish the run with that version"
+            f"{path}: the line of chunk {number} holds no tree; delete the file to regrow the trees"
         )
 
 
@@ -107,66 +99,41 @@ def generate_tree_stage(
     shard of the trees (scoring them itself: a tree's search needs its rewards); the main process
     gathers the stage's files and writes the pairs, the others return."""
     policy = ctx.load_policy()
-    env_kwargs = ctx.env_kwargs(policy)
     started = time.perf_counter()
-    normalizer = _normalizer_phase(ctx, policy, env_kwargs, normalizer_indices)
+    normalizer = _normalizer_phase(ctx, policy, normalizer_indices)
     ctx.phase("normalizer", started, {"normalizer": normalizer or 0.0})
     clock = PhaseClock(ctx, "mcts")  # its time recorded as each tree is saved
-    _tree_phase(ctx, policy, env_kwargs, normalizer, tree_positions, clock)
+    _tree_phase(ctx, policy, normalizer, tree_positions, clock)
     ctx.release(policy)
     clock.finish()
 
 
-def _normalizer_phase(
-    ctx: GenerationContext, policy: ChatPolicy, env_kwargs: Mapping[str, Any], indices: list[int]
-) -> float | None:
+def _normalizer_phase(ctx: GenerationContext, policy: ChatPolicy, indices: list[int]) -> float | None:
     """The constant token normalizer from one fresh conversation per position (``percentile``), or
-    ``None`` for the paper's running per-instance max, which plays nothing."""
-    gen, tree_cfg, shard, name = ctx.config.generation, ctx.config.tree, ctx.shard, "normalizer.jsonl"
+    ``None`` for the paper's running per-instance max, which plays nothing. Every rank needs every
+    conversation's length: under several processes all wait for all."""
+    gen, tree_cfg = ctx.config.generation, ctx.config.tree
     if tree_cfg.normalizer == "instance_max":  # the paper's per-instance max needs no fresh conversations
         indices = []
-    jobs = make_jobs(indices, 1, ctx.seed)  # cursor positions: each draw its own job
-
-    def play(todo: list[RolloutJob], path: Path, reused: Mapping[Any, Episode]) -> list[Episode]:
-        return resumable_rollout(
-            ctx.task,
-            policy,
-            jobs=todo,
-            reset_options=lambda job: {"index": job.index % ctx.num_train},
-            path=path,
-            sampling=gen.sampling(ctx.task.agents, seed=ctx.seed),
-            env_kwargs=env_kwargs,
-            concurrency=in_flight(gen, policy),
-            driver=gen.driver,
-            progress=ctx.progress,
-            reused=reused,
-        )
-
-    if shard.world == 1:
-        keys = [(j.index, j.sample) for j in jobs]
-        fold(ctx.folder, name, keys)  # the shards of an earlier multi-process attempt, if any
-        episodes = play(jobs, ctx.folder / name, {})
-    else:  # every rank needs every conversation's length: all wait for all
-        keys = [(j.index, j.sample) for j in jobs]
-        play_shard(shard, ctx.folder, name, keys, lambda positions, path, reused: play(
-            [jobs[p] for p in positions], path, {k: Episode.from_dict(r) for k, r in reused.items()}
-        ), what="normalizer conversations")  # fmt: skip
-        records = [record for _, record in collect(shard, ctx.folder, name, keys)]
-        if shard.main:  # the shard files go with the trees' (the other ranks may still read them)
-            write_gathered(ctx.folder, name, records)
-        episodes = [Episode.from_dict(r) for r in records]
+    episodes = stage_rollout(
+        ctx,
+        "normalizer.jsonl",
+        make_jobs(indices, 1, ctx.seed),  # cursor positions: each draw its own job
+        sampling=gen.sampling(ctx.task.agents, seed=ctx.seed),
+        policy=policy,
+        everyone=True,
+        what="normalizer conversations",
+    )
     if tree_cfg.normalizer != "percentile":
         return None
-    counts = [e.num_tokens for e in episodes]
-    return percentile_normalizer(
-        counts, tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding
+    return token_normalizer(
+        episodes or [], percentile=tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding
     )
 
 
 def _tree_phase(
     ctx: GenerationContext,
     policy: ChatPolicy,
-    env_kwargs: Mapping[str, Any],
     normalizer: float | None,
     positions: list[int],
     clock: PhaseClock,
@@ -186,7 +153,6 @@ def _tree_phase(
         cache_turns=True,
         on_scored=ctx.on_scored,
     )
-    mcts_env = {k: v for k, v in env_kwargs.items() if k not in ("split", "max_turns", "diverse_formats")}
 
     def grow(
         numbers: list[int], trees_path: Path, reused: Mapping[int, Any]
@@ -196,7 +162,7 @@ def _tree_phase(
         todo = [n for n in numbers if n not in done and n not in reused]
         if todo:
             jobs = [(n, positions[n]) for n in todo]
-            _grow_trees(ctx, policy, scorer, mcts_env, jobs, trees_path, done, clock)
+            _grow_trees(ctx, policy, scorer, jobs, trees_path, done, clock)
         return done
 
     numbers = list(range(len(positions)))
@@ -219,7 +185,6 @@ def _grow_trees(
     ctx: GenerationContext,
     policy: ChatPolicy,
     scorer: EpisodeScorer,
-    mcts_env: Mapping[str, Any],
     todo: list[tuple[int, int]],
     trees_path: Path,
     done: dict[int, list[dict[str, Any]]],
@@ -252,10 +217,10 @@ def _grow_trees(
         [p % ctx.num_train for _, p in todo],
         reward_fn=scorer.score,
         split=config.split,
+        env=ctx.env(policy),
         seed=ctx.seed,
         search=config.tree,
         generation=config.generation,
-        env_kwargs=mcts_env,
         keys=[p for _, p in todo],
         concurrency=in_flight(config.generation, policy),
         driver=config.generation.driver,
@@ -363,16 +328,16 @@ def read_tree_stage(
     pairs' summary, :func:`~optima_trainers.dpo.pairs.pair_summary`)."""
     from optima_trainers.dpo.pairs import PAIR_DETAILS, pair_summary, read_pair_details
 
-    trees = [t for _, line in sorted(finished_chunks(folder / "trees.jsonl").items()) for t in line]
+    trees = [t for _, line in sorted(finished_trees(folder / "trees.jsonl").items()) for t in line]
     episodes = [Episode.from_dict(e) for t in trees for e in t.get("trajectories", [])]
     pairs = read_pairs(folder / "pairs.jsonl")
-    counts = [e.num_tokens for e in read_episodes(folder / "normalizer.jsonl")]
+    fresh = read_episodes(folder / "normalizer.jsonl")
     n = max(1, len(trees))
     metrics = {
-        "mcts/normalizer": percentile_normalizer(
-            counts, config.tree.normalizer_percentile, rounding=config.tree.normalizer_rounding
+        "mcts/normalizer": token_normalizer(
+            fresh, percentile=config.tree.normalizer_percentile, rounding=config.tree.normalizer_rounding
         )
-        if counts
+        if fresh
         else 0.0,
         "mcts/trees": float(len(trees)),
         "mcts/nodes": sum(t["nodes"] for t in trees) / n,
@@ -382,6 +347,6 @@ def read_tree_stage(
         "mcts/pairs_found": float(sum(len(t["pairs"]) for t in trees)),
         "mcts/pairs": float(len(pairs)),
     }
-    if (folder / PAIR_DETAILS).is_file():  # absent in stages from before the records were kept
+    if (folder / PAIR_DETAILS).is_file():  # absent when the stage grew no tree
         metrics |= pair_summary(read_pair_details(folder / PAIR_DETAILS))
     return episodes, pairs, metrics

@@ -48,7 +48,6 @@ from optima_env.models import resolve_model_path
 from optima_env.registry import get_plugin_manager, make_task, trainer_specs
 from optima_trainers.backends.contract import StageContext, TrainerBackend
 from optima_trainers.config.train import TrainConfig, check_options
-from optima_trainers.generation.engines import PolicyLoader
 from optima_trainers.generation.rollouts import check_readability_scorer
 from optima_trainers.generation.samples import read_sample_stage
 from optima_trainers.generation.shards import Shard
@@ -107,7 +106,7 @@ def describe_plan(config: TrainConfig, stages: list[Stage]) -> str:
     return f"{config.trainer} --iterations {config.iterations}: {len(stages)} stages: {labels}"
 
 
-class IterativeTrainer(StageGeneration):
+class IterativeTrainer:
     """Runs (or resumes) the stages of one training run with its trainer backend.
 
     Args:
@@ -126,6 +125,8 @@ class IterativeTrainer(StageGeneration):
     """The plugin manager the hooks are fired on (the backend is registered on it for the run)."""
     backend: Any
     """The trainer backend (a plugin object built by its ``TrainerSpec.factory``)."""
+    generation: StageGeneration
+    """The run's generation: its policies, env settings, readability scorer and stage data."""
 
     def __init__(
         self,
@@ -149,12 +150,12 @@ class IterativeTrainer(StageGeneration):
                 f"generation.agent_models must name some (not all) of {list(self.task.agents)}, got "
                 f"{sorted(config.generation.agent_models)}: the others are the roles that train"
             )
-        self.num_train = len(self.task.samples(config.split))
         self.base_model = resolve_model_path(config.model)
-        self._scorer: Any = None
         self._verified: set[str] = set()
-        self.loader = PolicyLoader(config, free_for_engine=self._drop_scorer, pm=self.pm)
-        """Loads the generation policies (with vLLM, one engine for the whole run)."""
+        self.generation = StageGeneration(
+            config=config, run_dir=run_dir, pm=self.pm, task=self.task, base_model=self.base_model,
+            progress=progress,
+        )  # fmt: skip
 
     # -- driver ---------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -170,7 +171,7 @@ class IterativeTrainer(StageGeneration):
         try:
             yield
         finally:
-            self.loader.close()  # the engine kept for the run (vLLM), if any
+            self.generation.loader.close()  # the engine kept for the run (vLLM), if any
             self.pm.unregister(self.backend)
             if tracker is not None:
                 self.pm.unregister(tracker)
@@ -225,12 +226,12 @@ class IterativeTrainer(StageGeneration):
     def _stage(self, stage: Stage, model: str, cursor: int) -> dict[str, Any]:
         self._verify_model(model)
         folder = self.run_dir.stage(stage.name)
-        cursor_end = self._generate(stage, model, cursor, folder, Shard.current())
+        cursor_end = self.generation.generate(stage, model, cursor, folder, Shard.current())
         data = self._deliver(stage, folder)
         start = self.base_model if stage.start == "base" else model
         started = time.perf_counter()
         outcome = self._train(stage, start, folder, data)
-        self._phase(stage, "train", started)
+        self.generation.record_phase(stage, "train", started)
         metrics = {
             "iteration": float(stage.number),
             **data.metrics,
@@ -256,7 +257,7 @@ class IterativeTrainer(StageGeneration):
                     stage.generate, "instances.json"
                 )
                 if not wanted.is_file():
-                    self._generate(stage, model, cursor, self.run_dir.stage(stage.name), shard)
+                    self.generation.generate(stage, model, cursor, self.run_dir.stage(stage.name), shard)
                 wait_for(wanted, done)
                 if not done.is_file():
                     data = self._deliver(stage, folder)
@@ -271,7 +272,7 @@ class IterativeTrainer(StageGeneration):
         """The model and cursor after a finished stage; the loader learns which model the stage
         trained from (:meth:`~optima_trainers.generation.engines.PolicyLoader.record_stage`)."""
         model = self.run_dir.model_path(record["model"])
-        self.loader.record_stage(model, self.base_model if stage.start == "base" else previous)
+        self.generation.loader.record_stage(model, self.base_model if stage.start == "base" else previous)
         return model, record["cursor_end"]
 
     def _restore(self, stage: Stage, previous: str, record: dict[str, Any]) -> None:
@@ -287,7 +288,7 @@ class IterativeTrainer(StageGeneration):
         checkpoint = folder / "checkpoint"
         if is_complete(checkpoint):
             return StageOutcome(result=require_complete(checkpoint))
-        self._drop_scorer()  # the frozen readability model is not resident while a stage trains
+        self.generation.drop_scorer()  # the frozen readability model is not resident while a stage trains
         if _rank() == 0:  # only the main process writes (and cleans) the run folder
             discard_partial(checkpoint)
         context = StageContext(
@@ -298,8 +299,8 @@ class IterativeTrainer(StageGeneration):
             base_model=self.base_model,
             output_dir=checkpoint,
             events=self.pm.hook,
-            load_policy=self._load,
-            readability=lambda: self.scorer,
+            load_policy=self.generation.load,
+            readability=lambda: self.generation.scorer,
         )
         outcome = self.backend.train(data, context)
         if not isinstance(outcome, StageOutcome):

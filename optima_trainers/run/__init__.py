@@ -2,6 +2,8 @@
 training (the second layer, above :mod:`optima_trainers.config`).
 
 * :mod:`~optima_trainers.run.folder`: the run folder (config, stages, state, metrics, lock);
+* :mod:`~optima_trainers.run.run_format`: the run folder's on-disk format, and the one error an
+  older one gets;
 * :mod:`~optima_trainers.run.stages`: the records the host and the backends exchange;
 * :mod:`~optima_trainers.run.records`: the preference-pair records;
 * :mod:`~optima_trainers.run.checkpoint`: atomic checkpoints and the result record;

@@ -16,7 +16,8 @@ while it is hashed). Two kinds of damage are told apart:
   raises :class:`CorruptCheckpointError` naming the file. The run stops loudly instead of
   deleting anything: the message says to delete the folder and resume, which retrains it.
 
-Markers written before manifests existed (no ``files`` key) are accepted unverified.
+A marker without its manifest or training history is of run folder format 1
+(:mod:`optima_trainers.run.run_format`) and is refused with that one line.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 from optima_env.backends.peft_adapter import file_sha256
 from optima_env.errors import CorruptCheckpointError, DataError
+from optima_trainers.run.run_format import old_format_error
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -66,8 +68,7 @@ class TrainResult:
     """Further scalars (``train_runtime``, eval loss, reward accuracies, ...)."""
     history: tuple[Mapping[str, float], ...] = ()
     """The trainer's whole log history, one record of scalars per logged step or evaluation (each
-    with ``step`` and ``epoch``); empty for a trainer that keeps none, and in records written
-    before it existed."""
+    with ``step`` and ``epoch``); empty for a trainer that keeps none."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -90,7 +91,7 @@ class TrainResult:
                 steps=int(data["steps"]),
                 num_examples=int(data["num_examples"]),
                 metrics=dict(data.get("metrics", {})),
-                history=tuple(dict(h) for h in data.get("history", ())),  # absent in older records
+                history=tuple(dict(h) for h in data["history"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"not a training summary: {exc}; got keys {sorted(data)}") from exc
@@ -110,7 +111,8 @@ def require_complete(path: str | os.PathLike[str], *, verify: bool = True) -> Tr
     (``verify=False``: the marker only, for the writer that has just hashed the files itself).
 
     Raises:
-        DataError: ``path`` has no ``COMPLETE`` marker (interrupted while being written).
+        DataError: ``path`` has no ``COMPLETE`` marker (interrupted while being written), or its
+            marker is of run folder format 1 (no manifest or no history).
         CorruptCheckpointError: the marker is unreadable, or a file it lists is missing or has
             another size or sha256 than when the checkpoint was finished. The message names the
             file and says what to do (delete the folder, then resume to retrain it).
@@ -129,9 +131,9 @@ def require_complete(path: str | os.PathLike[str], *, verify: bool = True) -> Tr
         raise CorruptCheckpointError(f"{marker}: corrupt marker ({exc}); {fix}") from exc
     if not isinstance(data, dict):
         raise CorruptCheckpointError(f"{marker}: expected a JSON object, got {type(data).__name__}; {fix}")
-    files = data.get("files")
-    if verify and files is not None:  # no manifest: a marker written before manifests existed
-        _verify_files(path, marker, files, fix)
+    _check_format(marker, data)
+    if verify:
+        _verify_files(path, marker, data["files"], fix)
     try:
         return TrainResult.from_dict(data)
     except DataError as exc:
@@ -140,10 +142,11 @@ def require_complete(path: str | os.PathLike[str], *, verify: bool = True) -> Tr
 
 def manifest_entries(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """The ``files`` manifest of a complete checkpoint (relative path -> ``{"size", "sha256"}``);
-    empty for a marker written before manifests existed, or a folder without a marker.
+    empty for a folder without a marker.
 
     Raises:
         CorruptCheckpointError: the marker is unreadable, or its ``files`` is not an object.
+        DataError: the marker is of run folder format 1 (no manifest or no history).
     """
     marker = Path(path) / COMPLETE_MARKER
     if not marker.is_file():
@@ -153,10 +156,20 @@ def manifest_entries(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
         data = json.loads(marker.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptCheckpointError(f"{marker}: corrupt marker ({exc}); {fix}") from exc
-    files = data.get("files", {}) if isinstance(data, dict) else None
+    if isinstance(data, dict):
+        _check_format(marker, data)
+    files = data.get("files") if isinstance(data, dict) else None
     if not isinstance(files, dict):
         raise CorruptCheckpointError(f"{marker}: field 'files': expected an object, got {files!r:.80}; {fix}")
     return files
+
+
+def _check_format(marker: Path, data: dict[str, Any]) -> None:
+    """Refuse a marker of run folder format 1: no ``files`` manifest, or a summary without ``history``."""
+    if "files" not in data:
+        raise old_format_error(marker, "no 'files' manifest")
+    if "checkpoint" in data and "history" not in data:
+        raise old_format_error(marker, "no training 'history'")
 
 
 def _verify_files(path: Path, marker: Path, files: Any, fix: str) -> None:

@@ -37,6 +37,7 @@ from optima_env.errors import DataError, TaskContractError
 from optima_env.io import append_jsonl, read_json_object, read_jsonl, read_text, write_json_atomic
 from optima_env.paths import folder_lock
 from optima_trainers.config.train import TrainConfig
+from optima_trainers.run.run_format import old_format_error
 
 __all__ = [
     "RunDir",
@@ -56,6 +57,14 @@ def default_run_name(config: TrainConfig) -> str:
     return (
         f"{config.task.replace('/', '_')}__{config.trainer}__{config.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
     )
+
+
+def _format_1_mark(config: Mapping[str, Any]) -> str | None:
+    """What marks a stored ``config.json`` as run folder format 1, or ``None``."""
+    for section, name in (("tree", "reward"), ("generation", "compute_type")):
+        if isinstance(config.get(section), Mapping) and name in config[section]:
+            return f"field '{section}.{name}'"
+    return None
 
 
 def read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -137,6 +146,9 @@ class RunDir:
             raise DataError(f"{root} is not a run folder (no config.json); check --run-dir")
         fix = "the run cannot be resumed: repair the file, or start a new run"
         data = read_json_object(path, fix=fix)
+        older = _format_1_mark(data)
+        if older:
+            raise old_format_error(path, older)
         try:
             config = TrainConfig.from_dict(data)
         except (DataError, TaskContractError) as exc:

@@ -256,14 +256,12 @@ def plan_run(config: Any, total_bytes: float | None = None) -> tuple[Any, Memory
     if config.generation.backend != "vllm":
         return config, None
     if total_bytes is None:
-        import importlib.util
+        from optima_trainers.config.train import cuda_available
 
-        if importlib.util.find_spec("torch") is None:
+        if not cuda_available():
             return config, None
         import torch
 
-        if not torch.cuda.is_available():
-            return config, None
         total_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     from optima_env.models import read_model_config
 

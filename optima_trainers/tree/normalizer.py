@@ -1,4 +1,8 @@
-"""The MCTS token normalizer (spec §6.3): :func:`estimate_token_normalizer`.
+"""The MCTS token normalizer (spec §6.3): :func:`token_normalizer` of fresh conversations, and
+:func:`estimate_token_normalizer`, which plays them.
+
+The tree stage (:mod:`optima_trainers.generation.tree_stage`) plays the same conversations
+resumably and takes their normalizer from :func:`token_normalizer` too.
 
 Tree rollouts are scored by the one episode scorer (:class:`optima_env.episode_scorer.EpisodeScorer`
 with the tree reward, ``TrainConfig.tree_reward``, and this normalizer, or ``normalizer="running"``
@@ -16,7 +20,15 @@ from optima_env.rollout import make_jobs, rollout
 from optima_env.task import Task
 from optima_env.types import Episode
 
-__all__ = ["estimate_token_normalizer"]
+__all__ = ["estimate_token_normalizer", "token_normalizer"]
+
+
+def token_normalizer(
+    episodes: Sequence[Episode], *, percentile: float = 85.0, rounding: Literal["int", "float"] = "int"
+) -> float:
+    """The ``percentile`` of the episodes' token counts plus 1 (85 for iDPO, 80 for iSFT-DPO), as
+    ``int(percentile) + 1`` (``rounding="int"``, the reference) or unrounded (``"float"``)."""
+    return percentile_normalizer([e.num_tokens for e in episodes], percentile, rounding=rounding)
 
 
 # size: a rollout's options plus the percentile settings, keyword arguments with defaults
@@ -34,8 +46,7 @@ def estimate_token_normalizer(
     progress: bool = False,
 ) -> tuple[float, list[Episode]]:
     """The MCTS token normalizer (spec §6.3): one conversation per instance with the current model,
-    then the ``percentile`` of their token counts plus 1 (85 for iDPO, 80 for iSFT-DPO), as
-    ``int(percentile) + 1`` (``rounding="int"``, the reference) or unrounded (``"float"``).
+    then their :func:`token_normalizer`.
 
     Returns:
         ``(normalizer, episodes)``.
@@ -48,4 +59,4 @@ def estimate_token_normalizer(
         env_kwargs={"split": split, **dict(env_kwargs or {})},
         progress=progress,
     )
-    return percentile_normalizer([e.num_tokens for e in episodes], percentile, rounding=rounding), episodes
+    return token_normalizer(episodes, percentile=percentile, rounding=rounding), episodes

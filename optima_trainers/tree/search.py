@@ -23,8 +23,8 @@ are scored (with those of the other trees that completed in the same step) and i
 tree's next selection joins the batch without waiting for the other trees. A tree's result does
 not depend on the other trees: its rng, env seed and sampling keys are its own. Every rollout of a
 tree uses the same env seed, so every rollout sees the same dealing of evidence. The turn right
-after the selected node is generated with the speaking agent's own system prompt: the reference
-code used the solver's prompt there even when the critic spoke (spec §13 item 9), a quirk fixed here.
+after the selected node is generated with the speaking agent's own system prompt, also when the
+critic speaks (the reference code uses the solver's there; spec §13 item 9).
 
 Where this differs from the reference code (documented deviations):
 
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -57,6 +57,7 @@ from optima_env.rollout import job_seed
 from optima_env.rules import checked_score
 from optima_env.task import Task
 from optima_env.types import Episode
+from optima_trainers.config.env import EnvSettings
 from optima_trainers.config.sections import GenerationConfig, TreeSearchConfig
 from optima_trainers.sft.selection import draw_sample_id
 from optima_trainers.tree.nodes import Node, Tree, TreeTrajectory, normalized_edit_distance
@@ -124,10 +125,10 @@ def build_trees(
     *,
     reward_fn: RewardFn,
     split: str = "train",
+    env: EnvSettings | None = None,
     seed: int = 0,
     search: TreeSearchConfig | None = None,
     generation: GenerationConfig | None = None,
-    env_kwargs: Mapping[str, Any] | None = None,
     keys: Sequence[int] | None = None,
     concurrency: int | None = None,
     driver: str = "auto",
@@ -145,6 +146,8 @@ def build_trees(
             trees then keep (e.g. ``EpisodeScorer(config.tree_reward, normalizer=...).score``,
             :class:`~optima_env.episode_scorer.EpisodeScorer`).
         split: the data split.
+        env: the env settings (default: ``EnvSettings()``, the env's own: the tokenizer, the
+            plugin manager, further ConversationEnv options such as ``turn_token_cap``).
         seed: seeds the evidence dealing, the node selection and the sampling (each request's key is
             ``(tree seed, selection step, rollout number, turn)``).
         search: the tree-search settings (default: ``TreeSearchConfig()``, the ``code`` preset's,
@@ -152,10 +155,8 @@ def build_trees(
         generation: the conversation settings (default: ``GenerationConfig()``, as the trainer's
             ``generation`` section): the rollouts sample with its ``temperature``, ``top_p`` and
             ``max_new_tokens``, stop at the agents' tags when ``stop_at_speaker_tags``, and end at
-            ``max_turns`` (the depth limit) or by its ``termination`` rule.
-        env_kwargs: :class:`~optima_env.conversation_env.ConversationEnv` options (``tokenizer``,
-            ``turn_token_cap``, ``pm``, ...); ``max_turns``, ``termination`` and ``message_format``
-            come from ``generation``.
+            ``max_turns`` (the depth limit) or by its ``termination`` rule, in its
+            ``message_format`` (:meth:`EnvSettings.kwargs`).
         keys: per-tree identity the tree's seeds derive from (default: the instance index); pass
             distinct keys (e.g. the instance cursor position) when an instance appears twice.
         concurrency: conversations in flight (``None``, the default: the engine's ``capacity``,
@@ -170,19 +171,7 @@ def build_trees(
     """
     search = search if search is not None else TreeSearchConfig()
     generation = generation if generation is not None else GenerationConfig()
-    env_kwargs = dict(env_kwargs or {})
-    for name, value, source in (
-        ("split", split, "the split argument"),
-        ("max_turns", generation.max_turns, "generation.max_turns"),
-        ("termination", generation.termination, "generation.termination"),
-        ("message_format", generation.message_format, "generation.message_format"),
-    ):
-        if env_kwargs.get(name, value) != value:
-            raise TaskContractError(
-                f"env_kwargs[{name!r}] = {env_kwargs[name]!r} conflicts with {value!r} ({source}); "
-                "drop it from env_kwargs"
-            )
-        env_kwargs[name] = value
+    env = env if env is not None else EnvSettings()
     keys = list(instance_indices) if keys is None else list(keys)
     if len(keys) != len(instance_indices):
         raise TaskContractError(
@@ -209,7 +198,7 @@ def build_trees(
         rngs.append(random.Random(f"optima-mcts-select/{seed}/{key}"))
     if not trees:
         return []
-    tokenizer = env_kwargs.get("tokenizer")
+    tokenizer = env.tokenizer
 
     def finish(expansions: list[Expansion]) -> None:
         """Score the completed expansions in one ``reward_fn`` call, then insert each rollout."""
@@ -239,7 +228,7 @@ def build_trees(
         policy,
         sampling=generation.sampling(task.agents, seed=seed),
         concurrency=concurrency,
-        env_kwargs=env_kwargs,
+        env_kwargs=env.kwargs(generation, split=split),
         progress=progress,
         driver=driver,
     )

@@ -1,18 +1,28 @@
-"""benchmarks.run end to end in a subprocess (scripted policy: no model), as a user runs it."""
+"""``optima-bench`` (``python -m benchmarks.run``) as a user runs it, with the scripted policy (no
+model): the files it writes, its help, its flags, the OpenAI-compatible backend against a stub
+server on 127.0.0.1, each task's own metric in the report, and file modes. Its answers to mistakes:
+``test_run_errors.py``."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
-from optima_env import list_tasks
+from benchmarks.demo.tasks import MAIN_TASK
+from benchmarks.run import _suite_adapters, main
+from benchmarks.suites import get_suite
+from optima_env import AgentView, TaskSpec, hookimpl, list_tasks
 from optima_env.io import read_episodes
 from tests.benchmarks.bench_helpers import assert_png
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, TinyTask
+
+ONE_THREAD = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -77,19 +87,6 @@ def test_help_documents_the_flags() -> None:
     ):
         assert flag in proc.stdout
     assert "--out" in proc.stdout and "resume" in proc.stdout
-
-
-def test_unknown_task_is_a_clear_error_not_a_traceback() -> None:
-    proc = _run("--task", "nope", "--model", "scripted")
-    assert proc.returncode == 2 and "no task 'nope'; registered:" in proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-def test_unknown_suite_and_method_are_clear_errors(tmp_path) -> None:
-    proc = _run("--suite", "nope", "--model", "scripted", "--out", str(tmp_path / "a"))
-    assert proc.returncode == 2 and "no suite 'nope'; expected one of main, smoke, paper" in proc.stderr
-    proc = _run("--methods", "cot,tot", "--model", "scripted", "--out", str(tmp_path / "b"))
-    assert proc.returncode == 2 and "unknown method 'tot'" in proc.stderr
 
 
 @pytest.mark.skipif("ie/hotpotqa-v0" not in list_tasks(), reason="the HotpotQA task plugin is not installed")
@@ -167,3 +164,104 @@ def test_the_recorded_commit_says_dirty_when_code_differs_from_it_but_not_for_th
     (tmp_path / "recipe.py").write_text("v2\n", encoding="utf-8")  # the recipe is not HEAD's
     assert _git_commit(tmp_path) == f"{head}-dirty"
     assert _git_commit(tmp_path / "missing") is None  # no checkout there: no commit to record
+
+
+def test_backend_openai_plays_against_an_openai_compatible_server(tmp_path, capsys, monkeypatch) -> None:
+    pytest.importorskip("httpx")
+    from tests.optima_env.backends.test_openai import StubServer
+
+    secret = "sk-bench-test-secret-42"
+    monkeypatch.setenv("MY_SERVER_KEY", secret)
+    out = tmp_path / "run"
+    with StubServer(lambda n, body: ("ok", "I say <A>Lantern</A>")) as server:
+        code = main([
+            "--backend", "openai", "--base-url", server.url, "--api-key-env", "MY_SERVER_KEY",
+            "--model", "served-model", "--task", "ie/synth-v0", "--methods", "cot,mad", "--episodes", "2",
+            "--out", str(out),
+        ])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert server.requests and {r["model"] for r in server.requests} == {"served-model"}
+    assert {h.get("Authorization") for h in server.headers} == {f"Bearer {secret}"}
+    episodes = read_episodes(out / "episodes.jsonl")
+    assert len(episodes) == 4 and {e.metadata["method"] for e in episodes} == {"cot", "mad"}
+    mad = [e for e in episodes if e.metadata["method"] == "mad"]
+    assert all(e.end_reason == "agreement" and e.final_answer == "Lantern" for e in mad)
+    assert [t.text for t in mad[0].turns] == ["Alice: I say <A>Lantern</A>", "Bob: I say <A>Lantern</A>"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["backend"] == "openai" and results["config"]["base_url"] == [server.url]
+    assert "regex approximation (--backend openai without --tokenizer)" == results["token_counter"]
+    for path in out.iterdir():  # the key is never written anywhere
+        assert secret not in path.read_text(errors="replace"), path
+
+
+class ExactMatchTask(TinyTask):
+    """The tiny task scored by exact match (it declares its metric)."""
+
+    metric = "exact match"
+
+    def views(self, sample, *, rng, format_index=None):
+        clue = f"The answer to {sample.id} is in the atlas."  # the evidence it declares
+        return {
+            a: AgentView(agent=a, system_prompt=f"{v.system_prompt} {clue}",
+                         base_system_prompt=f"{v.system_prompt} {clue}", private=(clue,))
+            for a, v in super().views(sample, rng=rng, format_index=format_index).items()
+        }  # fmt: skip
+
+    def score(self, answer, sample) -> float:
+        return float(answer is not None and answer.strip() in sample.answers)
+
+
+class ExactMatchPlugin:
+    @hookimpl
+    def optima_register_tasks(self) -> list[TaskSpec]:
+        return [TaskSpec(id="test/exact-v0", factory=ExactMatchTask, family="information_exchange")]
+
+
+def test_the_report_names_each_tasks_metric_and_files_follow_the_umask(test_pm, bench) -> None:
+    plugin = ExactMatchPlugin()
+    test_pm.register(plugin)
+    old = os.umask(0o027)
+    try:
+        results, out = bench(
+            "--model", "scripted", "--task", "test/exact-v0,ie/synth-v0", "--methods", "cot",
+            "--episodes", "2", pm=test_pm,
+        )  # fmt: skip
+    finally:
+        os.umask(old)
+        test_pm.unregister(plugin)
+    assert {t["task"]: t["metric"] for t in results["tasks"]} == {
+        "test/exact-v0": "exact match",
+        "ie/synth-v0": "F1",
+    }
+    report = (out / "report.md").read_text()
+    assert "| Method | test/exact-v0 exact match | #Tok | ie/synth-v0 F1 | #Tok |" in report
+    assert "(exact match / F1 in %" in report
+    scorers = {(r["task"], r["method"]): r["scorer"] for r in results["rows"]}
+    assert scorers[("test/exact-v0", "CoT")] == "exact match"  # the task's metric, not test/exact-v0.score
+    assert "| test/exact-v0 | CoT | " in report and "test/exact-v0.score" not in report
+    assert results["suite"] == "custom: --task test/exact-v0,ie/synth-v0, main's settings"
+    assert "- **suite**: custom: --task test/exact-v0,ie/synth-v0, main's settings\n" in report
+    assert not (out / ".lock").exists()  # the run's lock went with it
+    for name in ("report.md", "results.json", "viewer.html", "episodes.jsonl", "run_config.json"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o640, name
+
+
+@pytest.mark.parametrize("tasks, played", [([MAIN_TASK.task], True), (["test/tiny-v0"], False)])
+def test_main_suite_adapters_play_only_on_their_task(tasks, played, monkeypatch) -> None:
+    suite = replace(get_suite("main"), adapters=(("iSFT", "adapters/isft"), ("iDPO", "adapters/idpo")))
+    monkeypatch.setattr("benchmarks.run.is_adapter", lambda folder: True)  # as if the demo had run
+    adapters = _suite_adapters(suite, tasks)
+    assert (sorted(adapters) == sorted(label for label, _ in suite.adapters)) is played
+    assert bool(adapters) is played
+
+
+@pytest.mark.slow
+def test_no_progress_silences_every_bar_and_help_names_per_agent_models(tmp_path) -> None:
+    flags = ("--model", "scripted", "--methods", "cot", "--episodes", "2")
+    shown = _run(*flags, "--out", str(tmp_path / "a"), env=ONE_THREAD)
+    quiet = _run(*flags, "--no-progress", "--out", str(tmp_path / "b"), env=ONE_THREAD)
+    assert shown.returncode == quiet.returncode == 0, quiet.stderr[-2000:]
+    assert "ep/s" in shown.stderr  # the rollout's bar, on by default
+    assert "ep/s" not in quiet.stderr and "it/s" not in quiet.stderr
+    help_text = _run("--help", env=ONE_THREAD).stdout
+    assert "AGENT=MODEL[,AGENT=MODEL...]" in help_text and "--no-progress" in help_text

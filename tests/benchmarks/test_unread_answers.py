@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import REPO_ROOT
-from tests.optima_env.test_backends_openai import StubServer
+from tests.optima_env.backends.test_openai import StubServer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "embedded_gsm8k_cot.json"
 TURNS = json.loads(FIXTURE.read_text())["turns"]

@@ -1,4 +1,4 @@
-"""Bad input at the edges of ConversationEnv (issue 15): each test gives the bad input and checks
+"""Bad input at the edges of ConversationEnv: each test gives the bad input and checks
 the error it gets, or the rule that must hold whatever the input.
 
 Token caps with the default counter and long words, the action length limit, seeds, calls before

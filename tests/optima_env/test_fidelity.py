@@ -1,5 +1,5 @@
 """The reference code's rules under the default (``code``) settings, and their named alternatives
-(issue 13, spec §2.4, §2.5, §3, §13). Every expected value is worked out by hand in a comment."""
+(spec §2.4, §2.5, §3, §13). Every expected value is worked out by hand in a comment."""
 
 from __future__ import annotations
 

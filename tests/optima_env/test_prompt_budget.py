@@ -1,4 +1,4 @@
-"""``max_prompt_tokens`` (issue 29): a conversation whose next prompt would not fit the model ends
+"""``max_prompt_tokens``: a conversation whose next prompt would not fit the model ends
 flagged like the turn cap (``context_full``, truncated); a first prompt that cannot fit is a clear
 error naming the instance. On the transformers engine with the embedded tokenizer."""
 
@@ -56,7 +56,7 @@ def test_a_budget_needs_a_chat_tokenizer() -> None:
 def test_on_the_transformers_engine_a_long_conversation_ends_flagged_not_failed(tokenizer, tmp_path) -> None:
     pytest.importorskip("torch")
     from optima_env.backends.loading import load_policy
-    from tests.optima_trainers.tiny_model import make_tiny_model
+    from tests.tiny_model import make_tiny_model
 
     policy = load_policy(str(make_tiny_model(tmp_path / "tiny")), backend="hf", batch_size=2, dtype="float32")
     episodes = rollout(

@@ -1,4 +1,4 @@
-"""The readability scorer's memory shape (issue 29): token-budget batches and chunked LM-head loss,
+"""The readability scorer's memory shape: token-budget batches and chunked LM-head loss,
 checked against a plain full-logits fp32 reference (spec §3) on real models."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_losses_equal_the_full_logits_reference_across_a_split_batch(embedded) -
 
 @pytest.fixture(scope="module")
 def tiny_bf16(tmp_path_factory):
-    from tests.optima_trainers.tiny_model import make_tiny_model
+    from tests.tiny_model import make_tiny_model
 
     folder = make_tiny_model(tmp_path_factory.mktemp("tiny"))
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
@@ -163,7 +163,7 @@ def test_bad_settings_and_unscorable_turns_are_refused(tiny_bf16) -> None:
 
 def test_a_peft_wrapped_model_is_scored_with_its_adapter(tmp_path) -> None:
     peft = pytest.importorskip("peft")
-    from tests.optima_trainers.tiny_model import make_tiny_model
+    from tests.tiny_model import make_tiny_model
 
     folder = make_tiny_model(tmp_path)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)

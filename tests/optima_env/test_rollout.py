@@ -121,7 +121,7 @@ def test_reply_helpers() -> None:
 
 @pytest.mark.parametrize("bad", [None, 5, b"bytes"])
 def test_a_policy_returning_a_non_string_reply_is_a_rollout_error(bad) -> None:
-    """Issue 32: ``None`` or a non-string reply is the documented RolloutError, naming what came back."""
+    """``None`` or a non-string reply is the documented RolloutError, naming what came back."""
 
     class Broken(ScriptedPolicy):
         def generate(self, requests, sampling):

@@ -1,5 +1,5 @@
 """The trainers' ``code`` defaults reproduce the reference code, and every spec §13 point has both
-presets (issue 13). Every expected value is worked out by hand in a comment."""
+presets (``code`` and ``paper``). Every expected value is worked out by hand in a comment."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from optima_env.episode_scorer import EpisodeScorer
 from optima_env.policy import ScriptedPolicy
 from optima_env.reward import RewardBreakdown, RewardConfig, percentile_normalizer
 from optima_env.types import Episode
+from optima_trainers.config.env import EnvSettings
 from optima_trainers.config.train import FIDELITY_PRESETS, GenerationConfig, TreeSearchConfig, resolve_config
 from optima_trainers.config.training import SelectionConfig
 from optima_trainers.dpo.pairs import select_top_pairs
@@ -19,7 +20,7 @@ from optima_trainers.sft.selection import draw_sample_id, select_isft
 from optima_trainers.tree.nodes import normalized_edit_distance
 from optima_trainers.tree.search import Tree, build_trees, select_node
 from tests.helpers import TinyTask
-from tests.optima_trainers.test_mcts import A1, B_LYON, CountingScript, answer_reward, episode, node
+from tests.optima_trainers.tree.test_mcts import A1, B_LYON, CountingScript, answer_reward, episode, node
 
 
 # -- the paper preset and the switches' names ---------------------------------------------------------
@@ -206,7 +207,7 @@ def generation_context(task, config, folder: Path, policy, *, num_train: int, ge
     return GenerationContext(
         task=task, config=config, stage=Stage(name="iter_00", kind="test", number=0, generate=generate),
         folder=folder, seed=0, num_train=num_train, load_policy=lambda: policy, release=lambda p: None,
-        env_kwargs=lambda policy, diverse=False: {"split": "train", "max_turns": 2, "scoring": False},
+        env=lambda policy, diverse=False: EnvSettings(scoring=False),
         readability=lambda: (lambda texts: [2.0] * len(texts)),
         events=add_trainer_hookspecs(get_plugin_manager()).hook, phase=lambda *a: None,
     )  # fmt: skip

@@ -13,6 +13,7 @@ import pytest
 from optima_env.errors import ConfigError
 from optima_trainers import resolve_config
 from optima_trainers.run.memory_plan import ModelShape, plan_memory, plan_run
+from tests.docs import DOCS, text
 
 LLAMA3_8B = {
     "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -34,7 +35,7 @@ def parts(plan, phase: str) -> dict[str, float]:
 
 
 def test_the_sizes_are_the_readmes_arithmetic_for_llama_3_8b() -> None:
-    """W, L, A, G, R and F of README "The device check" (GB = 10^9 bytes)."""
+    """W, L, A, G, R and F of the GPU guide's "The device check" (GB = 10^9 bytes)."""
     assert SHAPE.params == 8_030_261_248 and SHAPE.lora_params(16) == 41_943_040
     assert SHAPE.activation_values == 83_968
     plan = plan_memory(config(), SHAPE, 80e9)
@@ -138,9 +139,9 @@ def test_no_plan_for_other_backends_or_without_a_gpu() -> None:
     [("one-gpu", lambda: config(), {}),
      ("zero3", lambda: config("isft", "paper-full"), {"world": 8, "zero_stage": 3})],
 )  # fmt: skip
-def test_the_readme_quotes_the_plan_of_its_gpu_commands(marker, cfg, kwargs) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    block = readme.split(f"<!-- memory-plan:{marker} -->\n```text\n", 1)[1].split("```", 1)[0]
+def test_the_gpu_guide_quotes_the_plan_of_its_gpu_commands(marker, cfg, kwargs) -> None:
+    page = text(DOCS / "guides" / "gpus.md")
+    block = page.split(f"<!-- memory-plan:{marker} -->\n```text\n", 1)[1].split("```", 1)[0]
     resolved = cfg()
     plan = plan_memory(resolved, SHAPE, 80e9, **kwargs)
     fitted = plan.fitted(resolved)
