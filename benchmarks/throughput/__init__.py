@@ -3,7 +3,8 @@
 * :mod:`~benchmarks.throughput.rollout_bench`: rollout engines and drivers side by side
   (``--suite rollout``), its phases (:mod:`~benchmarks.throughput.rollout_phases`, one
   subprocess each; the driver phases in :mod:`~benchmarks.throughput.rollout_drivers`, the engine
-  comparison and the precision's fidelity in :mod:`~benchmarks.throughput.rollout_engines`) and
+  comparison and the precision's fidelity in :mod:`~benchmarks.throughput.rollout_engines`, the
+  floor of the engine's counted work in :mod:`~benchmarks.throughput.rollout_floor`) and
   tables (:mod:`~benchmarks.throughput.rollout_report`; the EOS workload's in
   :mod:`~benchmarks.throughput.rollout_eos_report`);
 * :mod:`~benchmarks.throughput.handoff_bench`: a stage's handoff to the next, from "trained"

@@ -10,7 +10,7 @@ Phases:
 * ``eos_engines``: the EOS workload (:mod:`benchmarks.throughput.rollout_drivers`) on the turns
   driver, the old engine then the new one, each a fresh policy with ``eos_concurrency`` slots and
   ``eos_threads`` torch threads.
-* ``fidelity``: bf16 linear layers against fp32, teacher-forced on task text
+* ``fidelity``: the engine's bf16 linear layers against fp32, teacher-forced on task text
   (:func:`optima_env.backends.precision.fidelity`): the conversations of the suite's first
   ``fidelity_episodes`` jobs, played by the fp32 engine at the suite's temperature, each
   episode's last prompt with its reply (which holds every earlier turn); the next-token
@@ -20,6 +20,7 @@ Phases:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -65,6 +66,8 @@ def _eos_engines(cfg: Any) -> dict[str, Any]:
         rows[label] = {
             **_row(episodes, seconds, cpu, stats.generated_tokens, stats.decode_steps, cfg.eos_concurrency),
             "engine": policy.engine,
+            "threads": cfg.eos_threads,
+            "stats": dataclasses.asdict(stats),
         }
         outputs[label] = texts(episodes)
         del policy
@@ -124,8 +127,26 @@ def _fidelity(cfg: Any) -> dict[str, Any]:
         "targets": FIDELITY_TARGETS,
         "met": measured["tv_mean"] <= FIDELITY_TARGETS["tv_mean"]
         and measured["top_token_agreement"] >= FIDELITY_TARGETS["top_token_agreement"],
-        "backend": "teacher-forced: bf16 linear layers against fp32",
+        "backend": "teacher-forced: the engine's bf16 against fp32",
     }
+
+
+def _of_floor(new: dict[str, Any], old: dict[str, Any]) -> str:
+    """``"; of their floors: new x%, old y%"`` when the rows carry their floors (else empty)."""
+    if new.get("of_floor") is None or old.get("of_floor") is None:
+        return ""
+    return (
+        f"; of their floors: new {new['of_floor']:.0%} ({new['floor']['floor_tokens_per_s']:.1f} tok/s), "
+        f"old {old['of_floor']:.0%} ({old['floor']['floor_tokens_per_s']:.1f} tok/s)"
+    )
+
+
+_VARIANTS = {
+    "engine": "bf16 linear layers but the LM head (the engine's bfloat16)",
+    "plain_lm_head": "with a plain bf16 LM head besides (measured, not used)",
+    "exact_top_lm_head": "with a bf16 LM head whose top 64 logits are recomputed in fp32 (measured, not used)",
+    "bf16_kv": "the engine's bfloat16 with a bf16 KV cache (measured, not used)",
+}
 
 
 def engines_text(results: dict[str, dict[str, Any]]) -> str:
@@ -138,7 +159,8 @@ def engines_text(results: dict[str, dict[str, Any]]) -> str:
             f"{new['tokens_per_s']:.1f} against {old['tokens_per_s']:.1f} tok/s = "
             f"{new['tokens_per_s'] / old['tokens_per_s']:.2f}x on wall-clock time, "
             f"{new['tokens_per_cpu_s'] / old['tokens_per_cpu_s']:.2f}x on CPU time (new: "
-            f"{new.get('engine')}; old: {old.get('engine')}). Targets: at least 2x and 150 tok/s."
+            f"{new.get('engine')}; old: {old.get('engine')}){_of_floor(new, old)}. Targets: at least 2x "
+            "and 150 tok/s."
         )
     eos = results.get("eos_engines", {})
     if eos.get("engines"):
@@ -149,12 +171,12 @@ def engines_text(results: dict[str, dict[str, Any]]) -> str:
             f"{eos['new_vs_old_tokens_per_s']:.2f}x on wall-clock time, "
             f"{eos['new_vs_old_tokens_per_cpu_s']:.2f}x on CPU time; same texts: "
             f"{eos['episodes_equal']} of {eos['episodes_compared']} (another sampler's random stream "
-            "and precision give other texts). Target: at least 1.4x."
+            f"and precision give other texts){_of_floor(n, o)}. Target: at least 1.4x."
         )
     fid = results.get("fidelity", {})
     if "tv_mean" in fid:
         parts.append(
-            f"Fidelity of bf16 linear layers against fp32 (teacher-forced on {fid['sequences']} "
+            f"Fidelity of the engine's bf16 linear layers against fp32 (teacher-forced on {fid['sequences']} "
             f"conversations of the task, {fid['positions']} positions, T={fid['temperature']}): total "
             f"variation distance {fid['tv_mean']:.4f} mean, {fid['tv_p99']:.4f} at the 99th percentile; "
             f"same most likely token {fid['top_token_agreement']:.1%} (targets: at most "
@@ -162,4 +184,9 @@ def engines_text(results: dict[str, dict[str, Any]]) -> str:
             f"{'met' if fid['met'] else 'not met'}). This CPU has native bf16: "
             f"{'yes' if fid['native_bf16'] else 'no'}; precision auto decodes in {fid['auto_resolves_to']}."
         )
+        for name, v in fid.get("variants", {}).items():
+            parts[-1] += (
+                f"\n- {_VARIANTS.get(name, name)}: TV {v['tv_mean']:.4f} mean, {v['tv_p99']:.4f} at the "
+                f"99th percentile; same most likely token {v['top_token_agreement']:.1%}."
+            )
     return "\n\n".join(parts) + ("\n" if parts else "")

@@ -10,6 +10,7 @@ flight (and a policy batch of ``N``); the others use the suite's ``concurrency``
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = ["OLD_ENGINE", "PHASES", "linear_shapes", "new_engine", "phase_batch",
 PHASES = (
     "gemm",
     "roofline",
+    "floor",
     "naive",
     "engine_old",
     "engine",
@@ -32,7 +34,8 @@ PHASES = (
     "eos_engines",
     "fidelity",
 )
-"""Every phase, in the order the suite runs them (``drivers_*``, ``dp_engine``: the EOS workload,
+"""Every phase, in the order the suite runs them (``floor``: :mod:`benchmarks.throughput.rollout_floor`;
+``drivers_*``, ``dp_engine``: the EOS workload,
 :mod:`benchmarks.throughput.rollout_drivers`; ``engine_old``, ``eos_engines``, ``fidelity``: the
 engine comparison, :mod:`benchmarks.throughput.rollout_engines`)."""
 
@@ -67,6 +70,10 @@ def run_phase(name: str, cfg: Any) -> dict[str, Any]:
         from benchmarks.throughput.rollout_drivers import run_eos_phase
 
         return run_eos_phase(name, cfg)
+    if name == "floor":
+        from benchmarks.throughput.rollout_floor import run_floor_phase
+
+        return run_floor_phase(cfg)
     base, batch = phase_batch(name, cfg)
     if base in ("naive", "engine", "engine_old"):
         return _phase_hf(cfg, naive=base == "naive", batch=batch, old=base == "engine_old")
@@ -164,6 +171,8 @@ def _phase_hf(cfg: Any, *, naive: bool, batch: int, old: bool = False) -> dict[s
         "backend": "transformers generate, batch 1" if naive else "transformers fast path",
         "engine": policy.engine,
         "prefill_share": stats.prefilled_tokens / max(1, stats.prompt_tokens),
+        "threads": cfg.threads,
+        "stats": dataclasses.asdict(stats),
     }
 
 

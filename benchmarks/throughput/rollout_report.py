@@ -10,6 +10,7 @@ from benchmarks.throughput.rollout_engines import ENGINE_PHASES, engines_text
 from benchmarks.throughput.rollout_eos_report import eos_table, eos_targets
 from benchmarks.throughput.rollout_eos_report import fmt as _fmt
 from benchmarks.throughput.rollout_eos_report import pct as _pct
+from benchmarks.throughput.rollout_floor import floor_of
 
 __all__ = ["plot", "summarize"]
 
@@ -26,12 +27,17 @@ def summarize(cfg: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
     """
     naive = results.get("naive", {})
     limits = results.get("gemm", {}).get("limits", {})
+    floor = results.get("floor") if "units" in results.get("floor", {}) else None
     rows = []
     for name, r in results.items():
         row = {"phase": name, **r}
+        if floor and "engines" in r:
+            row["engines"] = {k: {**e, **_floor(e, cfg["eos_threads"], floor)} for k, e in r["engines"].items()}
         if name in (*EOS_PHASES, *ENGINE_PHASES):
             rows.append(row)
             continue
+        if floor:
+            row.update(_floor(r, cfg["threads"], floor))
         if name not in ("roofline", "gemm"):
             for key, label in _RATIOS:
                 if naive.get(key) and r.get(key):
@@ -56,9 +62,18 @@ def summarize(cfg: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
     }
     fixed = [r for r in rows if r["phase"] not in (*EOS_PHASES, *ENGINE_PHASES)]
     table = (_table(cfg, fixed, targets) if fixed else "") + eos_table(cfg, results, targets)
-    engines = engines_text(results)
+    engines = engines_text({r['phase']: r for r in rows})
     table += ("\n" + engines) if engines else ""
     return {"config": cfg, "phases": rows, "targets": targets, "table": table}
+
+
+def _floor(row: dict[str, Any], threads: int, floor: dict[str, Any]) -> dict[str, Any]:
+    """``floor`` (its parts, :func:`~benchmarks.throughput.rollout_floor.floor_of`) and ``of_floor``
+    (floor seconds over measured seconds) of a row that recorded the engine's counters."""
+    if not row.get("stats") or not row.get("seconds"):
+        return {}
+    parts = floor_of(row["stats"], row.get("engine", {}), row.get("threads", threads), floor)
+    return {"floor": parts, "of_floor": parts["floor_s"] / row["seconds"]} if parts else {}
 
 
 def _limit_at(limits: dict[str, Any], batch: Any) -> float | None:
@@ -76,23 +91,23 @@ def _table(c: dict[str, Any], rows: list[dict[str, Any]], targets: dict[str, Any
         f"T={c['temperature']}, {c['threads']} threads.",
         "",
         "| phase | backend | batch | episodes | turns | tokens/s | tokens/CPU-s | episodes/s | x naive tok/s "
-        "| x naive tok/CPU-s | x naive ep/s | of GEMM limit | start-up s | peak RSS GB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| x naive tok/CPU-s | x naive ep/s | of GEMM limit | of floor | start-up s | peak RSS GB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["phase"] in EOS_PHASES:
             continue
         if "skipped" in r:
-            lines.append(f"| {r['phase']} | skipped: {r['skipped']} |" + "  |" * 12)
+            lines.append(f"| {r['phase']} | skipped: {r['skipped']} |" + "  |" * 13)
             continue
-        if r["phase"] in ("roofline", "gemm"):
+        if r["phase"] in ("roofline", "gemm", "floor"):
             continue
         lines.append(
             f"| {r['phase']} | {r.get('backend', '')} | {r.get('batch', '')} | {r.get('episodes', '')} "
             f"| {r.get('turns', '')} | {_fmt(r.get('tokens_per_s'))} | {_fmt(r.get('tokens_per_cpu_s'))} "
             f"| {_fmt(r.get('episodes_per_s'), '.3f')} | {_fmt(r.get('x_naive_wall'))} "
             f"| {_fmt(r.get('x_naive_cpu'))} | {_fmt(r.get('x_naive_episodes'))} "
-            f"| {_pct(r.get('of_gemm_limit'))} | {_fmt(r.get('startup_s'))} "
+            f"| {_pct(r.get('of_gemm_limit'))} | {_pct(r.get('of_floor'))} | {_fmt(r.get('startup_s'))} "
             f"| {_fmt(r.get('peak_rss_gb'), '.2f')} |"
         )
     gemm = next((r for r in rows if r["phase"] == "gemm" and "limits" in r), None)
@@ -106,6 +121,9 @@ def _table(c: dict[str, Any], rows: list[dict[str, Any]], targets: dict[str, Any
             f"GEMM-bound limit (fp32 torch matmuls on the model's shapes, "
             f"{gemm['params_per_token'] / 1e6:.1f}M parameters per token): {limits}.",
         ]
+    floors = [r for r in rows if r.get("floor")]
+    if floors:
+        lines += ["", _FLOOR_NOTE] + [f"- {r['phase']}: {floor_text(r['floor'])}." for r in floors]
     roof = next((r for r in rows if r["phase"] == "roofline" and "tokens_per_s" in r), None)
     if roof:
         lines += [
@@ -126,6 +144,25 @@ def _table(c: dict[str, Any], rows: list[dict[str, Any]], targets: dict[str, Any
         f"{_fmt(t['engine_vs_vllm_cpu'], '.2f')} on CPU time (target >= 1).",
     ]
     return "\n".join(lines) + "\n"
+
+
+_FLOOR_NOTE = (
+    "Two limits, which say different things. *of GEMM limit*: tokens/s over the rate of the fp32 "
+    "decode GEMMs alone (each linear shape timed alone; prefill, attention and sampling left out), so "
+    "it understates what a row achieves. *of floor*: the least time the row's own counted work could "
+    "take (`benchmarks/throughput/rollout_floor.py`: decode and prefill GEMMs on the real weights in "
+    "the row's precision, attention over the unpadded KV columns at the measured memory read rate, "
+    "the row's sampler; everything else counted as zero) over its measured time. The floor's parts:"
+)
+
+
+def floor_text(floor: dict[str, Any]) -> str:
+    """One line of a floor's rate and parts."""
+    return (
+        f"floor {_fmt(floor['floor_tokens_per_s'])} tok/s = decode GEMMs {_fmt(floor['decode_gemm_s'])} s "
+        f"+ prefill GEMMs {_fmt(floor['prefill_gemm_s'])} s + attention {_fmt(floor['attention_s'])} s "
+        f"+ sampling {_fmt(floor['sampling_s'])} s"
+    )
 
 
 def plot(path: Path, summary: dict[str, Any]) -> None:

@@ -10,7 +10,8 @@ per batch and written in place, and attention groups the query heads by KV head 
 Multi-turn conversations re-read their whole history at every turn; :class:`PrefixCache` keeps
 the KV states of earlier prompts (and of the replies generated after them) keyed by token ids, so
 a turn only prefills the tokens that are new since the longest cached prefix, and samples of
-one instance share their system prompt.
+one instance share their system prompt. A prefill runs in chunks of rows
+(:func:`prefill_chunks`).
 
 Everything here imports torch lazily (inside functions): the module is imported by
 :mod:`optima_env.backends.hf` only.
@@ -30,6 +31,9 @@ import numpy as np
 
 NEG = -1e9
 """Additive mask value: finite, so a fully masked padding row gives finite junk, never NaN."""
+
+PREFILL_TOKENS = 512
+"""Positions a prefill runs through the model at once at most (:func:`prefill_chunks`)."""
 
 ATTENTION_NAME = "optima_gqa"
 """Name under which :func:`gqa_attention` is registered in transformers' AttentionInterface."""
@@ -68,10 +72,12 @@ def kv_geometry(model: Any) -> tuple[int, int, int]:
     return config.num_hidden_layers, kv_heads, head_dim
 
 
-def kv_bytes_per_token(model: Any) -> int:
-    """Bytes of one token's KV states (keys and values of every layer) in the model's dtype."""
+def kv_bytes_per_token(model: Any, dtype: Any = None) -> int:
+    """Bytes of one token's KV states (keys and values of every layer) in ``dtype`` (a torch dtype;
+    the model's by default)."""
     layers, kv_heads, head_dim = kv_geometry(model)
-    return layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
+    size = (dtype.itemsize if dtype is not None else next(model.parameters()).element_size())
+    return layers * 2 * kv_heads * head_dim * size
 
 
 def gqa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -80,9 +86,15 @@ def gqa_attention(module, query, key, value, attention_mask, scaling=None, dropo
     ``query`` is ``[B, Hq, q, D]``; ``key``/``value`` are ``[B, Hkv, L, D]`` (views of the
     cache buffer); ``attention_mask`` is the additive ``[B, 1, q, L]`` mask built by the decode
     loop (finite large negatives, so a fully masked padding row gives finite junk, never NaN).
+    A cache in another dtype than the query (bf16 KV states of an fp32 model,
+    :mod:`optima_env.backends.precision`) is attended in the cache's dtype, the output cast back.
     """
     import torch
 
+    dtype = query.dtype
+    if key.dtype != dtype:
+        query = query.to(key.dtype)
+        attention_mask = None if attention_mask is None else attention_mask.to(key.dtype)
     q_len, kv_len = query.shape[2], key.shape[2]
     if attention_mask is None:
         allowed = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
@@ -91,7 +103,7 @@ def gqa_attention(module, query, key, value, attention_mask, scaling=None, dropo
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
     )
-    return out.transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous().to(dtype), None
 
 
 _registered = False
@@ -235,6 +247,28 @@ def _layer_class() -> type:
             return self.keys.shape[-2] + query_length, 0
 
     return _Layer
+
+
+def prefill_chunks(new: list[int], tokens: int) -> list[tuple[int, int]]:
+    """``(first, last)`` row ranges of a prefill, in order, each as many rows as fit ``tokens``
+    positions at the chunk's own width (its longest row's new tokens), at least one row.
+
+    Why: a prefill's element-wise ops (norms, rotary, the MLP's gate) and its casts at the bf16
+    linear layers run over every position; over a whole batch's positions their activations
+    outgrow the CPU caches, while chunks of a few hundred positions stay in them and still feed
+    the GEMMs enough rows. A chunk of short rows also pads only to its own longest.
+
+    >>> prefill_chunks([100, 300, 200, 50, 60], 512)
+    [(0, 1), (1, 2), (2, 4), (4, 5)]
+    """
+    chunks, first, widest = [], 0, 0
+    for row, n in enumerate(new):
+        widest = max(widest, n)
+        if row > first and (row - first + 1) * widest > tokens:
+            chunks.append((first, row))
+            first, widest = row, n
+    chunks.append((first, len(new)))
+    return chunks
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:

@@ -1,7 +1,8 @@
 """Per-token helpers of the transformers backend, shared by its batch loop
 (:meth:`~optima_env.backends.hf.TransformersPolicy.generate`) and its continuous batching
 (:class:`~optima_env.backends.hf_stream.StreamingDecoder`): sampling one token per row, the stop
-strings, and the tokens whose KV states a finished row holds. torch is imported lazily.
+strings, the tokens whose KV states a finished row holds, and the engine's counters
+(:class:`DecodeStats`). torch is imported lazily.
 
 Sampling is exact inverse-CDF sampling (sampler ``cdf``): one uniform number per row from that
 row's own generator, then a binary search in the row's cumulative distribution. It draws from the
@@ -16,6 +17,7 @@ whole vocabulary is sorted only when the candidates never cover ``top_p``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,13 +25,56 @@ import numpy as np
 from optima_env.errors import TaskContractError
 from optima_env.policy import SamplingParams
 
-__all__ = ["SAMPLERS", "cached_ids", "check_sampler", "has_stop", "sample_next", "top_p_candidates"]
+__all__ = ["SAMPLERS", "DecodeStats", "cached_ids", "check_sampler", "has_stop", "sample_next", "top_p_candidates"]
 
 SAMPLERS = ("cdf", "multinomial")
 """Samplers of the transformers engine: ``cdf`` (the default: one uniform draw per row, then a
 search in its cumulative distribution) and ``multinomial`` (per-row ``torch.multinomial``, which
 replays episodes recorded before ``cdf``). Both draw from the same distribution; the same seed
 gives different tokens under each, so stores record the sampler (:mod:`optima_env.backends.precision`)."""
+
+@dataclass(kw_only=True)
+class DecodeStats:
+    """Running totals of one :class:`TransformersPolicy` (reset by assigning a new one)."""
+
+    requests: int = 0
+    """Requests answered."""
+    prompt_tokens: int = 0
+    """Tokens of the rendered prompts."""
+    prefilled_tokens: int = 0
+    """Prompt tokens run through the model (the rest came from the prefix cache; fast path)."""
+    generated_tokens: int = 0
+    """Tokens generated, end-of-sequence tokens included."""
+    forward_passes: int = 0
+    """Model forward calls (prefill and decode steps; fast path)."""
+    decode_steps: int = 0
+    """Sampling rounds: each samples one token for every row of the running batch (the first from
+    its prefill's logits, the others from decode steps). Counted on every path: ``generate`` (fast
+    and transformers') and the streaming engine (``submit``/``poll``)."""
+    slot_steps: int = 0
+    """Sum over sampling rounds of the batch's slot capacity (``batch_size``), whether the slots
+    are filled or not. Slot utilization = ``generated_tokens / slot_steps`` (<= 1): the share of
+    the slots' decode work that produced a token; the rest ran idle (finished rows waiting for
+    the batch's longest reply, a last batch with fewer rows than slots, no request queued)."""
+    decode_forwards: int = 0
+    """Decode forward passes (one new token per running row; fast path)."""
+    decode_rows: int = 0
+    """Sum over decode forward passes of the rows fed."""
+    attended_columns: int = 0
+    """Sum over decode forward passes of rows x KV columns attention ran over (padding included)."""
+    valid_columns: int = 0
+    """Sum over decode forward passes of the KV columns the rows' masks allow (the attention work a
+    padding-free kernel does). ``valid_columns / attended_columns``: the share of attention that is
+    not padding."""
+
+    def count_decode(self, valid: Any) -> None:
+        """Count one decode forward pass over ``valid``, the ``[rows, columns]`` mask it attends with."""
+        rows, columns = valid.shape
+        self.decode_forwards += 1
+        self.decode_rows += rows
+        self.attended_columns += rows * columns
+        self.valid_columns += int(valid.sum())
+
 
 _FIRST_CANDIDATES = 64
 """Top-p candidates tried first (a 135M model at T=0.7 holds 0.9 of its mass in them almost always)."""

@@ -31,20 +31,26 @@ from __future__ import annotations
 import contextlib
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from optima_env.backends import _kv
-from optima_env.backends._kv import decode_roofline
-from optima_env.backends._tokens import cached_ids, check_sampler, has_stop, sample_next
+from optima_env.backends._kv import decode_roofline, kv_bytes_per_token
+from optima_env.backends._tokens import DecodeStats, cached_ids, check_sampler, has_stop, sample_next
 from optima_env.backends.hf_stream import StreamingDecoder
 from optima_env.backends.precision import Bf16Linears, check_precision, engine_record, resolve_precision
 from optima_env.errors import BackendError, TaskContractError, require
 from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
 
-__all__ = ["DecodeStats", "TransformersPolicy", "decode_roofline", "render_prompt"]
+__all__ = [
+    "DecodeStats",
+    "TransformersPolicy",
+    "decode_roofline",
+    "kv_bytes_per_token",
+    "render_prompt",
+    "sample_next",
+]
 
 _NEG = _kv.NEG
 
@@ -61,31 +67,6 @@ def render_prompt(tokenizer: Any, request: GenerationRequest) -> str:
             "tokenizer.chat_template"
         ) from exc
     return text + request.prefix
-
-
-@dataclass(kw_only=True)
-class DecodeStats:
-    """Running totals of one :class:`TransformersPolicy` (reset by assigning a new one)."""
-
-    requests: int = 0
-    """Requests answered."""
-    prompt_tokens: int = 0
-    """Tokens of the rendered prompts."""
-    prefilled_tokens: int = 0
-    """Prompt tokens run through the model (the rest came from the prefix cache; fast path)."""
-    generated_tokens: int = 0
-    """Tokens generated, end-of-sequence tokens included."""
-    forward_passes: int = 0
-    """Model forward calls (prefill and decode steps; fast path)."""
-    decode_steps: int = 0
-    """Sampling rounds: each samples one token for every row of the running batch (the first from
-    its prefill's logits, the others from decode steps). Counted on every path: ``generate`` (fast
-    and transformers') and the streaming engine (``submit``/``poll``)."""
-    slot_steps: int = 0
-    """Sum over sampling rounds of the batch's slot capacity (``batch_size``), whether the slots
-    are filled or not. Slot utilization = ``generated_tokens / slot_steps`` (<= 1): the share of
-    the slots' decode work that produced a token; the rest ran idle (finished rows waiting for
-    the batch's longest reply, a last batch with fewer rows than slots, no request queued)."""
 
 
 class TransformersPolicy:
@@ -132,6 +113,10 @@ class TransformersPolicy:
         self.precision = resolve_precision(check_precision(precision), dtype=dtype, device=model.device.type)
         """The precision the linear layers decode in (``precision`` resolved for this model and CPU)."""
         self._linears = Bf16Linears(model) if self.precision != dtype else None
+        self.kv_dtype = next(model.parameters()).dtype
+        """The torch dtype of the KV states (buffers and prefix cache): the model's, whatever the
+        precision (a bf16 cache made a row's reply depend on the rows decoded beside it;
+        :mod:`~optima_env.backends.precision`)."""
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
@@ -146,7 +131,7 @@ class TransformersPolicy:
         self.fast = supported if fast is None else fast
         self.prefix_cache: _kv.PrefixCache | None = None
         if self.fast and prefix_cache_mb > 0:
-            per_token = _kv.kv_bytes_per_token(model)
+            per_token = _kv.kv_bytes_per_token(model, self.kv_dtype)
             self.prefix_cache = _kv.PrefixCache(max_tokens=prefix_cache_mb * 2**20 // per_token)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.stats = DecodeStats()
@@ -310,8 +295,7 @@ class TransformersPolicy:
     def _prefill(self, rows: list[np.ndarray], *, extra: int):
         """Prefill ``rows`` on top of their cached prefixes, in a buffer with ``extra`` free slots."""
         torch = require("torch", "train")
-        device = self.model.device
-        dtype = next(self.model.parameters()).dtype
+        device, dtype = self.model.device, self.kv_dtype
         layers, kv_heads, head_dim = _kv.kv_geometry(self.model)
         hits = []
         for row in rows:
@@ -338,21 +322,26 @@ class TransformersPolicy:
             input_ids[b, width - new[b] :] = torch.from_numpy(row[n:])
             positions[b, width - new[b] :] = torch.arange(n, len(row))
         self.stats.prefilled_tokens += sum(new)
-        self.stats.forward_passes += 1
-        kv = _kv.BatchKV(buf, past)
-        causal = torch.ones(width, past + width, dtype=torch.bool, device=device).tril(past)
-        allowed = valid[:, None, None, : past + width] & causal
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, _NEG)
-        out = self.model(
-            input_ids=input_ids.to(device),
-            attention_mask=mask,
-            position_ids=positions.to(device),
-            past_key_values=kv.cache(),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        info = {"valid": valid, "start": past + width, "lengths": [len(r) for r in rows]}
-        return kv, out.logits[:, -1].float(), info
+        end, logits = past + width, []
+        for first, last in _kv.prefill_chunks(new, _kv.PREFILL_TOKENS):
+            w = max(new[first:last])  # the chunk's own width: columns before it are padding for its rows
+            start = end - w
+            buf[:, :, first:last, :, past:start].zero_()
+            causal = torch.ones(w, end, dtype=torch.bool, device=device).tril(start)
+            allowed = valid[first:last, None, None, :end] & causal
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, _NEG)
+            out = self.model(
+                input_ids=input_ids[first:last, width - w :].to(device),
+                attention_mask=mask,
+                position_ids=positions[first:last, width - w :].to(device),
+                past_key_values=_kv.BatchKV(buf[:, :, first:last, :, :end], start).cache(),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits.append(out.logits[:, -1].float())
+            self.stats.forward_passes += 1
+        info = {"valid": valid, "start": end, "lengths": [len(r) for r in rows]}
+        return _kv.BatchKV(buf, end), torch.cat(logits), info
 
     def _store(self, kv: _kv.BatchKV, b: int, info: dict[str, Any], ids: np.ndarray, *, fed: int) -> None:
         """Copy row ``b``'s KV states (prompt plus ``fed`` generated tokens) into the prefix cache."""
@@ -418,6 +407,7 @@ class TransformersPolicy:
             info["valid"][:, cursor] = True
             mask = torch.zeros(len(live), 1, 1, cursor + 1, dtype=dtype, device=device)
             mask.masked_fill_(~info["valid"][:, None, None, : cursor + 1], _NEG)
+            self.stats.count_decode(info["valid"][:, : cursor + 1])
             result = self.model(
                 input_ids=tokens[:, None],
                 attention_mask=mask,

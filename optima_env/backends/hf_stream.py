@@ -236,7 +236,8 @@ class StreamingDecoder:
 
     def _budget_tokens(self) -> int:
         """The policy's ``kv_cache_mb`` in tokens of KV states."""
-        return int(self.policy.kv_cache_mb * 2**20) // _kv.kv_bytes_per_token(self.policy.model)
+        policy = self.policy
+        return int(policy.kv_cache_mb * 2**20) // _kv.kv_bytes_per_token(policy.model, policy.kv_dtype)
 
     def _decode_step(self) -> Any:
         """Feed every running row its last sampled token; the next-token logits."""
@@ -251,6 +252,7 @@ class StreamingDecoder:
         self.valid[:n, cursor] = True
         mask = torch.zeros(n, 1, 1, cursor + 1, dtype=self.buf.dtype, device=device)
         mask.masked_fill_(~self.valid[:n, None, None, : cursor + 1], _kv.NEG)
+        policy.stats.count_decode(self.valid[:n, : cursor + 1])
         tokens = torch.tensor([[row.out[-1]] for row in self.rows], dtype=torch.long, device=device)
         positions = torch.tensor([[row.position] for row in self.rows], dtype=torch.long, device=device)
         result = policy.model(
@@ -377,7 +379,7 @@ class StreamingDecoder:
         slots = max(need, min(slots, budget // (cursor + right)))
         grow = max(right, min(max(_MIN_GROW, kept // 2), remaining + 1, budget // slots - cursor))
         layers, kv_heads, head_dim = _kv.kv_geometry(model)
-        dtype = next(model.parameters()).dtype
+        dtype = self.policy.kv_dtype
         buf = torch.zeros(
             layers, 2, slots, kv_heads, cursor + grow, head_dim, dtype=dtype, device=model.device
         )

@@ -85,7 +85,7 @@ def test_saved_phases_are_reused_and_ratios_come_from_them(tmp_path) -> None:
     assert "of_gemm_limit" not in by_phase["vllm"]  # no batch recorded
     table = (tmp_path / "results.md").read_text()
     assert (
-        "| engine | engine | 2 | 2 | 4 | 30.0 | 12.0 | 2.500 | 15.0 | 12.0 | 10.0 | 30% | 1.0 | 1.00 |"
+        "| engine | engine | 2 | 2 | 4 | 30.0 | 12.0 | 2.500 | 15.0 | 12.0 | 10.0 | 30% |  | 1.0 | 1.00 |"
         in table
     )
     assert "batch 64: 200.0 tok/s (54.0 GFLOP/s)" in table and "135.0M parameters per token" in table
@@ -140,7 +140,7 @@ def test_unknown_phases_are_rejected(tmp_path) -> None:
 @pytest.mark.slow
 def test_a_tiny_suite_runs_every_phase_for_real(tmp_path) -> None:
     pytest.importorskip("torch")
-    phases = ("gemm", "roofline", "naive", "engine", "engine_b64")
+    phases = ("gemm", "roofline", "floor", "naive", "engine", "engine_b64")
     summary = run_rollout_suite(out_dir=tmp_path, phases=phases, threads=1, **TINY)
     by_phase = {r["phase"]: r for r in summary["phases"]}
     assert by_phase["naive"]["episodes"] == 1 and by_phase["engine"]["episodes"] == 2
@@ -149,6 +149,12 @@ def test_a_tiny_suite_runs_every_phase_for_real(tmp_path) -> None:
         assert row["generated_tokens"] == row["turns"] * 4 and row["tokens_per_s"] > 0
         assert row["peak_rss_gb"] > 0.3
         assert row["of_gemm_limit"] > 0
+    for name in ("engine", "engine_b64"):  # the floor prices the counted work: less time than it took
+        floor = by_phase[name]["floor"]
+        assert 0 < by_phase[name]["of_floor"] < 1
+        assert floor["decode_gemm_s"] > 0 and floor["prefill_gemm_s"] > 0 and floor["attention_s"] > 0
+    assert "of_floor" not in by_phase["naive"]  # transformers' generate counts no decode columns
+    assert "| of floor |" in summary["table"] and "floor " in summary["table"]
     assert by_phase["engine_b64"]["batch"] == 2  # in flight: 2 episodes, not 64
     assert by_phase["roofline"]["tokens_per_s"] > 0
     assert set(by_phase["gemm"]["limits"]) == {"2", "32", "64"}
@@ -168,14 +174,6 @@ DP_HEADER = (
     "| processes | threads each | episodes | useful tokens | tokens per rank | seconds per rank "
     "| tokens/s per rank | seconds | tokens/s | speedup | slot utilization | same texts | load (1 min) |"
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    pytest.importorskip("torch")
-    from tests.optima_trainers.tiny_model import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ import pytest
 
 from optima_env.errors import BackendError, TaskContractError
 from optima_env.policy import GenerationRequest, SamplingParams, TurnEngine, request_seed
-from tests.optima_env.test_backends_hf import conversation, tiny_model
+from tests.optima_env.backends.test_hf import conversation
+from tests.tiny_model import tiny_llama
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -27,7 +28,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def tiny(tokenizer):
-    return tiny_model(tokenizer)
+    return tiny_llama(tokenizer, tie_word_embeddings=False)
 
 
 def drain(engine: TurnEngine) -> tuple[dict[int, str], list[list[int]]]:
@@ -123,11 +124,11 @@ def test_the_kv_buffer_holds_rows_for_the_running_requests_not_for_every_slot(ti
         )
 
 
-def kv_bytes_per_token(model) -> int:
+def kv_bytes_per_token(model, dtype) -> int:
     from optima_env.backends import _kv
 
     layers, kv_heads, head_dim = _kv.kv_geometry(model)
-    return layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
+    return layers * 2 * kv_heads * head_dim * dtype.itemsize
 
 
 def test_the_kv_budget_bounds_the_running_rows_and_a_lone_request_runs_over_it(tiny, tokenizer) -> None:
@@ -135,7 +136,7 @@ def test_the_kv_budget_bounds_the_running_rows_and_a_lone_request_runs_over_it(t
     requests = [conversation(i, 2) for i in range(5)]
     probe = TransformersPolicy(tiny, tokenizer, prefix_cache_mb=0)
     most = max(len(p) for p in probe._encode(requests)) + sampling.max_new_tokens
-    per_token = kv_bytes_per_token(tiny)
+    per_token = kv_bytes_per_token(tiny, probe.kv_dtype)  # bf16 where the engine keeps bf16 KV states
     budget = 2.5 * most * per_token  # two rows run to their cap fit, three do not
     engine = TransformersPolicy(tiny, tokenizer, batch_size=8, kv_cache_mb=budget / 2**20)
     for ticket, request in enumerate(requests):
@@ -284,7 +285,7 @@ def test_rows_ending_at_eos_match_generate(tokenizer) -> None:
     requests = [conversation(i, 1) for i in range(6)]
     greedy = SamplingParams(temperature=0, max_new_tokens=12)
     for sampling in (greedy, SamplingParams(temperature=1.0, max_new_tokens=12, seed=5)):
-        model = tiny_model(tokenizer)
+        model = tiny_llama(tokenizer, tie_word_embeddings=False)
         probe = TransformersPolicy(model, tokenizer, prefix_cache_mb=0)
         seeds = [None if sampling.seed is None else request_seed(sampling.seed, r.key) for r in requests]
         rows = probe._decode(probe._encode(requests), seeds, sampling)

@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 from optima_env.backends import precision  # noqa: E402
 from optima_env.backends.hf import TransformersPolicy  # noqa: E402
 from optima_env.backends.precision import Bf16Linears, resolve_precision  # noqa: E402
-from tests.optima_env.test_backends_hf import tiny_model  # noqa: E402
+from tests.tiny_model import tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def tiny(tokenizer):
-    return tiny_model(tokenizer)
+    return tiny_llama(tokenizer, tie_word_embeddings=False)
 
 
 def _forward(model, ids):
@@ -46,6 +46,7 @@ def test_auto_decodes_in_bf16_only_where_the_cpu_has_it(tiny, tokenizer, monkeyp
     policy = TransformersPolicy(tiny, tokenizer)
     assert policy.precision == resolved
     assert policy.engine == {"precision": resolved, "sampler": "cdf"}
+    assert policy.kv_dtype == torch.float32
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     reference = _forward(tiny, ids)
     with policy.decoding():
@@ -73,7 +74,7 @@ def test_bf16_linears_compute_in_bf16_and_leave_the_model_as_it_was(tiny) -> Non
 
 
 def test_bf16_copies_follow_a_weight_update(tokenizer) -> None:
-    model = tiny_model(tokenizer)
+    model = tiny_llama(tokenizer, tie_word_embeddings=False)
     linears = Bf16Linears(model)
     layer = model.model.layers[1].self_attn.o_proj
     x = torch.randn(2, layer.in_features)
@@ -98,7 +99,7 @@ def test_bad_settings_are_refused(tiny, tokenizer) -> None:
 def test_the_precision_reaches_the_engine_from_the_trainer_config(monkeypatch) -> None:
     from optima_env.backends.loading import load_policy
     from optima_env.configtree import ConfigError
-    from tests.optima_trainers.test_scale_switches import trainer_config
+    from tests.optima_trainers.generation.test_scale_switches import trainer_config
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
     for setting, resolved in (("float32", "float32"), ("bfloat16", "bfloat16"), ("auto", "float32")):
@@ -158,7 +159,7 @@ def test_a_benchmark_store_never_mixes_engines(tiny, tokenizer, tmp_path) -> Non
     from benchmarks.evaluation.methods import PlaySettings, build_methods
     from benchmarks.evaluation.store import EpisodeStore
     from benchmarks.evaluation.units import TaskEntry, check_engine
-    from tests.benchmarks.test_methods import _episode
+    from tests.benchmarks.evaluation.test_methods import _episode
 
     settings = PlaySettings(max_turns=2, max_new_tokens=8)  # greedy: the sampler does not count
     method = build_methods(("mad",), {}, settings)[0]
@@ -170,3 +171,64 @@ def test_a_benchmark_store_never_mixes_engines(tiny, tokenizer, tmp_path) -> Non
     with pytest.raises(DataError, match="rerun with --precision float32"):
         bf16 = TransformersPolicy(tiny, tokenizer, precision="bfloat16")
         check_engine(method, entry, store, bf16, settings)
+
+
+def test_a_bf16_lm_head_gives_its_top_logits_as_fp32_does(tiny) -> None:
+    from optima_env.backends.precision import EXACT_TOP
+
+    head = tiny.lm_head
+    x = torch.randn(3, head.in_features)
+    with torch.inference_mode():
+        reference = head(x)
+        with Bf16Linears(tiny, lm_head=True).active():
+            mixed = head(x)
+        with Bf16Linears(tiny, lm_head=True, exact_top=0).active():
+            plain = head(x)
+    top = plain >= plain.topk(EXACT_TOP, dim=-1).values[:, -1:]  # by value: ties included
+    assert (top.sum(-1) >= EXACT_TOP).all()
+    assert torch.allclose(mixed[top], reference[top], atol=1e-5, rtol=1e-5)
+    assert torch.equal(mixed[~top], plain[~top])  # the tail as bf16 gives it
+    assert not torch.equal(plain, reference)
+    assert torch.equal(mixed.argmax(-1), reference.argmax(-1))
+
+
+def test_the_kv_states_stay_in_the_model_dtype_and_attention_follows_a_cache_s_dtype(tiny, tokenizer) -> None:
+    from optima_env.backends import _kv
+    from optima_env.policy import SamplingParams
+    from tests.optima_env.backends.test_hf import conversation
+
+    sampling = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
+    for setting in ("bfloat16", "float32"):
+        policy = TransformersPolicy(tiny, tokenizer, precision=setting)
+        policy.generate([conversation(0, 2), conversation(1, 2)], sampling)
+        assert policy.kv_dtype == torch.float32
+        assert policy.prefix_cache is not None and len(policy.prefix_cache) > 0
+        assert {entry.kv.dtype for entry in policy.prefix_cache._entries} == {torch.float32}
+    query, key, value = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 5, 16), torch.randn(2, 2, 5, 16)
+    mixed, _ = _kv.gqa_attention(None, query, key.bfloat16(), value.bfloat16(), None)  # fidelity's bf16_kv
+    reference, _ = _kv.gqa_attention(None, query, key, value, None)
+    assert mixed.dtype == torch.float32
+    assert torch.allclose(mixed, reference, atol=0.05) and not torch.equal(mixed, reference)
+
+
+def test_prefill_chunks_hold_their_positions_and_give_the_unchunked_logits(tiny, tokenizer) -> None:
+    from optima_env.backends import _kv
+    from tests.optima_env.backends.test_hf import conversation
+
+    assert _kv.prefill_chunks([100, 300, 200, 50, 60], 512) == [(0, 1), (1, 2), (2, 4), (4, 5)]
+    assert _kv.prefill_chunks([600], 512) == [(0, 1)]  # a row longer than a chunk runs alone
+    policy = TransformersPolicy(tiny, tokenizer, precision="float32", prefix_cache_mb=0)
+    rows = policy._encode([conversation(i, 1 + i % 3) for i in range(5)])
+    outs = []
+    previous = _kv.PREFILL_TOKENS
+    try:
+        for tokens in (10**9, max(len(r) for r in rows)):  # one chunk, then about a row a chunk
+            _kv.PREFILL_TOKENS = tokens
+            with policy.decoding():
+                outs.append(policy._prefill(rows, extra=0))
+    finally:
+        _kv.PREFILL_TOKENS = previous
+    (_, whole, info), (_, chunked, chunked_info) = outs
+    assert policy.stats.forward_passes > 2  # the second prefill ran in chunks
+    assert torch.allclose(whole, chunked, atol=1e-4)
+    assert torch.equal(info["valid"], chunked_info["valid"])
