@@ -22,7 +22,7 @@ A task plugin's conformance checks run from the shell with ``python -m optima_en
 shadows its module); ``from optima_env.rollout import make_jobs`` still imports from the module.
 
 Subpackages are layers: each imports only the ones before it in this order (bottom first;
-``tests/test_structure.py`` checks every import against it)::
+``tests/test_layers.py`` checks every import against it)::
 
     scoring → datasets → families → backends → integrations
 

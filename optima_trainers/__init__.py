@@ -13,7 +13,7 @@ load their module on first use. Adapters to other frameworks keep their own publ
 ``optima_trainers.integrations.<framework>`` (e.g. ``integrations.trl`` for TRL's GRPO).
 
 Subpackages are layers: each imports only the ones before it in this order (bottom first;
-``tests/test_structure.py`` checks every import against it)::
+``tests/test_layers.py`` checks every import against it)::
 
     config → run → sft → dpo → tree → generation → integrations → backends → host → cli
 

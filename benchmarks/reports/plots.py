@@ -30,6 +30,22 @@ def _grid(plt: Any, rows: int, cols: int) -> tuple[Any, Any]:
     return fig, axes
 
 
+def _unit_scale(ax: Any) -> None:
+    """A panel of scores in [0, 1], gridded, with its legend."""
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small", loc="best")
+
+
+def _save(plt: Any, fig: Any, title: str, path: str | Path) -> bool:
+    """Title ``fig``, write it to ``path`` as a PNG and close it; True (something was plotted)."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _log_if_wide(ax: Any, values: Sequence[float]) -> None:
     positive = [v for v in values if v > 0]
     if positive and max(positive) / min(positive) > 20:
@@ -66,14 +82,8 @@ def plot_score_vs_tokens(rows: Sequence[Mapping[str, Any]], path: str | Path) ->
         ax.set_title(task)
         ax.set_xlabel("mean #tokens per instance")
         ax.set_ylabel("score (F1 / accuracy)")
-        ax.set_ylim(-0.05, 1.05)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small", loc="best")
-    fig.suptitle("Score against tokens")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+        _unit_scale(ax)
+    return _save(plt, fig, "Score against tokens", path)
 
 
 def plot_scaling(curves: Mapping[str, Mapping[str, Sequence[Mapping[str, float]]]], path: str | Path) -> bool:
@@ -100,11 +110,5 @@ def plot_scaling(curves: Mapping[str, Mapping[str, Sequence[Mapping[str, float]]
             ax.set_title(f"{task}: {name}")
             ax.set_xlabel("total #tokens per instance (k samples)")
             ax.set_ylabel(name)
-            ax.set_ylim(-0.05, 1.05)
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize="small", loc="best")
-    fig.suptitle("Inference scaling (k = 1..K samples)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+            _unit_scale(ax)
+    return _save(plt, fig, "Inference scaling (k = 1..K samples)", path)

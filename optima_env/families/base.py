@@ -19,6 +19,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar
 
 from optima_env.datasets import list_datasets, load_samples, resolve_data_dir
+from optima_env.datasets.sources import get_spec
 from optima_env.errors import DataError, TaskContractError
 from optima_env.task import Task, agent_names
 from optima_env.types import TaskSample
@@ -44,6 +45,9 @@ class DatasetTask(Task):
         limit: keep only the first ``limit`` instances of each split.
         hf_name: another hub dataset name (``name`` or ``name:config``), or a path to a file or
             folder in the upstream format (e.g. the original 2WikiMultihopQA ``dev.json``).
+        require_context: for the datasets with question-only copies (2WikiMultihopQA, TriviaQA):
+            a row without its context raises (the default), or with ``False`` is played with an
+            empty context (closed-book). The other datasets take no value.
     """
 
     dataset: ClassVar[str]
@@ -56,6 +60,7 @@ class DatasetTask(Task):
         source: str = "auto",
         limit: int | None = None,
         hf_name: str | None = None,
+        require_context: bool | None = None,
     ) -> None:
         if getattr(type(self), "dataset", None) not in list_datasets():
             raise TaskContractError(
@@ -71,11 +76,18 @@ class DatasetTask(Task):
         self.source = source
         self.limit = limit
         self.hf_name = hf_name
+        if require_context is not None and not get_spec(self.dataset).context_option:
+            takers = [d for d in list_datasets() if get_spec(d).context_option]
+            raise TaskContractError(
+                f"require_context applies to the datasets with question-only copies ({', '.join(takers)}); "
+                f"{self.dataset} has none: drop it"
+            )
+        self.require_context = True if require_context is None else bool(require_context)
         self._cache: dict[str, tuple[TaskSample, ...]] = {}
 
     def load_options(self) -> dict[str, Any]:
         """Extra keyword arguments for :func:`~optima_env.datasets.load_samples` (per dataset)."""
-        return {}
+        return {"require_context": self.require_context} if get_spec(self.dataset).context_option else {}
 
     def samples(self, split: str) -> Sequence[TaskSample]:
         """The instances of ``split``, loaded on first use and cached.

@@ -41,41 +41,19 @@ __all__ = [
 ]
 
 # Recipes of the built-in trainers for this task (spec §5-§7 tables), registered as Recipe
-# records below: the reference code's recipes, and as "paper" the
-# paper's Table 8 values where they differ (spec §13 item 5). Synth (not a paper task) is sized for
-# the embedded 135M model: its rewards are all negative, so theta_sft -0.5, theta_filter -1 and
-# theta_diff 0.05 let the best of each group through (the top-70% and top-half cuts still apply).
+# records below: the reference code's recipes, and as "paper" the paper's Table 8 values where
+# they differ (spec §13 item 5). Each states only what differs from the defaults: the fields of
+# optima_trainers.config under the trainer's own (tests/optima_trainers/config/test_recipes.py).
+# Synth (not a paper task) is sized for the embedded 135M model: its rewards are all negative, so
+# theta_sft -0.5, theta_filter -1 and theta_diff 0.05 let the best of each group through (the
+# top-70% and top-half cuts still apply).
 _ISFT = {
-    "sft.learning_rate": 2e-05,
-    "sft.epochs": 1,
     "sft.batch_size": 8,
-    "reward.lambda_token": 0.6,
-    "reward.lambda_loss": 1.0,
     "selection.theta": -0.5,
-    "generation.num_samples": 4,
-    "generation.instances": 8,
-    "iterations": 6,
 }
+_TREE = {"iterations": 1, "tree.theta_filter": -1.0, "tree.theta_diff": 0.05, "tree.instances": 2}
 RECIPES = {
-    "code": {
-        "isft": _ISFT,
-        "idpo": {
-            **_ISFT,
-            "iterations": 1,
-            "dpo.beta": 0.1,
-            "tree.theta_filter": -1.0,
-            "tree.theta_diff": 0.05,
-            "tree.instances": 2,
-        },
-        "isft-dpo": {
-            **_ISFT,
-            "iterations": 1,
-            "dpo.beta": 0.1,
-            "tree.theta_filter": -1.0,
-            "tree.theta_diff": 0.05,
-            "tree.instances": 2,
-        },
-    },
+    "code": {"isft": {**_ISFT, "iterations": 6}, "idpo": {**_ISFT, **_TREE}, "isft-dpo": {**_ISFT, **_TREE}},
     "paper": {"idpo": {"iterations": 5}},
 }
 

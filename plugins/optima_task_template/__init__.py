@@ -111,11 +111,12 @@ class TemplateTask(Task):
 
 # The trainers' hyperparameters for this task (README, "Recipes"): {preset: {trainer: dotted
 # configuration names to values}}, registered as Recipe records below; "paper" would hold what a
-# paper's tables change. Without a recipe a task trains with the generic defaults (and a notice).
+# paper's tables change. State only what differs from the defaults. Without a recipe a task trains
+# with the generic defaults (and a notice).
 RECIPES = {
     "code": {
         "isft": {"selection.theta": 0.3, "generation.num_samples": 8, "iterations": 4},
-        "idpo": {"selection.theta": 0.3, "tree.theta_filter": 0.3, "dpo.beta": 0.1, "iterations": 3},
+        "idpo": {"selection.theta": 0.3, "tree.theta_filter": 0.3, "iterations": 3},
     },
 }
 # This task's reward thresholds (RewardConfig fields). A right answer here is a two-turn exchange of

@@ -226,3 +226,13 @@ def test_small_style_keeps_the_dealing_and_accepts_plain_answers(fixtures: Path)
     assert paper.extract_answer("Alice: Answer: Paris") is None
     with pytest.raises(TaskContractError, match="style must be one of"):
         make_task("ie/hotpotqa-v0", data_dir=str(fixtures), style="large")
+
+
+def test_only_the_tasks_with_question_only_copies_take_require_context() -> None:
+    """2WikiMultihopQA and TriviaQA pass ``require_context`` to the loader (default: required);
+    the other dataset tasks refuse it, naming the ones that take it."""
+    assert make_task("ie/2wikimultihopqa-v0").load_options() == {"require_context": True}
+    assert make_task("ie/triviaqa-v0", require_context=False).load_options() == {"require_context": False}
+    assert make_task("ie/hotpotqa-v0").load_options() == {}
+    with pytest.raises(TaskContractError, match=r"\(2wikimultihopqa, triviaqa\); hotpotqa has none"):
+        make_task("ie/hotpotqa-v0", require_context=False)

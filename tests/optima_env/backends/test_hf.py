@@ -20,18 +20,6 @@ from optima_env.backends import _kv  # noqa: E402
 from optima_env.backends.hf import TransformersPolicy  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from optima_env.models import ensure_embedded_model
-
-    return transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
-
-
-@pytest.fixture(scope="module")
-def tiny(tokenizer):
-    return tiny_llama(tokenizer, tie_word_embeddings=False)
-
-
 def conversation(i: int, turns: int) -> GenerationRequest:
     """Request ``i`` at turn ``turns``: instances 0-2 share system prompts, histories grow."""
     system = f"You are Alice. Instance {i % 3}. " + "fact " * (4 + 9 * (i % 3))

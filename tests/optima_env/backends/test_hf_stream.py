@@ -19,18 +19,6 @@ transformers = pytest.importorskip("transformers")
 from optima_env.backends.hf import TransformersPolicy  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from optima_env.models import ensure_embedded_model
-
-    return transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
-
-
-@pytest.fixture(scope="module")
-def tiny(tokenizer):
-    return tiny_llama(tokenizer, tie_word_embeddings=False)
-
-
 def drain(engine: TurnEngine) -> tuple[dict[int, str], list[list[int]]]:
     """Poll until nothing is pending: replies by ticket, and the tickets each poll returned."""
     replies: dict[int, str] = {}

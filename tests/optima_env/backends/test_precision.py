@@ -15,24 +15,12 @@ import pytest
 from optima_env.errors import DataError, TaskContractError
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 from optima_env.backends import precision  # noqa: E402
 from optima_env.backends.hf import TransformersPolicy  # noqa: E402
 from optima_env.backends.precision import Bf16Linears, resolve_precision  # noqa: E402
 from tests.tiny_model import tiny_llama  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from optima_env.models import ensure_embedded_model
-
-    return transformers.AutoTokenizer.from_pretrained(ensure_embedded_model())
-
-
-@pytest.fixture(scope="module")
-def tiny(tokenizer):
-    return tiny_llama(tokenizer, tie_word_embeddings=False)
 
 
 def _forward(model, ids):

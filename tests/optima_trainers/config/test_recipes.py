@@ -9,13 +9,15 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from optima_env import Recipe, TaskSpec, TrainerSpec, get_plugin_manager, hookimpl
+from optima_env.configtree import apply
 from optima_env.errors import PluginError
 from optima_env.registry import recipe_specs, task_specs, trainer_specs
-from optima_trainers.config.train import resolve_config
+from optima_trainers.config.train import TrainConfig, check_options, resolve_config
 from tests.helpers import TinyTask
 from tests.optima_trainers.config.recipe_capture import expand, resolve_all
 
@@ -60,6 +62,45 @@ def test_every_task_trainer_preset_and_profile_resolves_as_before() -> None:
     # the fixture holds the recipes (the check would pass vacuously if no recipe were applied)
     assert before["ie/hotpotqa-v0 isft-dpo paper cpu"]["dpo.beta"] == 0.5
     assert before["ie/hotpotqa-v0 isft-dpo code cpu"]["dpo.beta"] == 0.1
+
+
+def _recipe_layer(below: TrainConfig, trainer: TrainerSpec, values: dict[str, Any]) -> TrainConfig:
+    """``below`` with a recipe's values applied as ``resolve_config`` applies them (``options.*``
+    through the backend's ``config_class``)."""
+    plain = {k: v for k, v in values.items() if not k.startswith("options.")}
+    options = {k[len("options.") :]: v for k, v in values.items() if k.startswith("options.")}
+    return check_options(apply(below, plain), trainer, options)
+
+
+def test_recipes_state_only_settings_that_differ_from_the_defaults() -> None:
+    """No registered recipe (every plugin of the ``optima`` entry-point group, and the template
+    plugin) sets a field to the value it would have without that entry.
+
+    That value is the one of the layers under the recipe in ``resolve_config``
+    (:mod:`optima_trainers.config.train`): the field defaults with the trainer's own
+    ``TrainerSpec.defaults`` on top (layers 1-2) for a ``code`` recipe, and those with the task's
+    ``code`` recipe on top for a ``paper`` recipe (applied after it). An entry is a restated
+    default when the recipe's layer gives the same configuration with and without it (so an entry
+    that undoes a value the same recipe spreads from a shared table counts too). Later layers (the
+    task's reward thresholds, presets, profile, overrides) do not count: they apply either way."""
+    import optima_task_template
+
+    pm = get_plugin_manager()
+    pm.register(optima_task_template, name="template")
+    recipes, trainers = recipe_specs(pm), trainer_specs(pm)
+    assert {"synth", "hotpotqa", "template"} <= {pm.get_name(p) for p in pm.get_plugins()}
+    restated = []
+    for (task, name, preset), recipe in recipes.items():
+        trainer = trainers[name]
+        below = _recipe_layer(TrainConfig(task=task, trainer=name), trainer, dict(trainer.defaults))
+        if preset == "paper" and (task, name, "code") in recipes:
+            below = _recipe_layer(below, trainer, recipes[(task, name, "code")].values)
+        for key, value in recipe.values.items():
+            without = {k: v for k, v in recipe.values.items() if k != key}
+            if _recipe_layer(below, trainer, without) == _recipe_layer(below, trainer, recipe.values):
+                restated.append(f"{recipe}: {key}={value!r}")
+    assert len(recipes) > 20  # every built-in task's recipes were read
+    assert not restated, "recipe entries that restate the default:\n" + "\n".join(restated)
 
 
 class AcmeTaskPlugin:
