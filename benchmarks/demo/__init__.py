@@ -9,5 +9,7 @@
 * :mod:`~benchmarks.demo.shortcut`: the trained systems checked against the controls;
 * :mod:`~benchmarks.demo.report`, :mod:`~benchmarks.demo.plots`: summaries, pages and plots;
 * :mod:`~benchmarks.demo.rerender`: re-render the committed tables without running a model;
-* :mod:`~benchmarks.demo.clock`: the wall time of every invocation, kept across crashes.
+* :mod:`~benchmarks.demo.clock`: the wall time of every invocation, kept across crashes;
+* :mod:`~benchmarks.demo.dpo_ref`: the demo's DPO stage with the reference log-probs computed every
+  step or once before the first (``python -m benchmarks.demo.dpo_ref``).
 """

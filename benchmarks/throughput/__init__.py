@@ -11,6 +11,10 @@
   to the next stage's first token, per weight-delivery path (``--suite handoff``);
 * :mod:`~benchmarks.throughput.loop_bench`: one training iteration per phase, per engine
   (``--suite loop``);
+* :mod:`~benchmarks.throughput.lora_base`: one engine per run, each stage's policy as weights
+  reloaded in place or as a LoRA adapter on the base, readability from the base's
+  ``prompt_logprobs`` (``python -m benchmarks.throughput.lora_base``); its tables and GPU memory
+  arithmetic in :mod:`~benchmarks.throughput.lora_base_report`;
 * :mod:`~benchmarks.throughput.gpu_check`: the prepared device check of a GPU run.
 * :mod:`~benchmarks.throughput.gpu_check_phases`: its phases, shapes and JSON recorder.
 """

@@ -11,6 +11,7 @@ metrics) beside the whole history.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 from optima_env.errors import require
 
 __all__ = ["DPO_METRICS", "epoch_summary", "eval_summary", "numbers", "result_metrics", "split_loss_trainer"]
+
+logger = logging.getLogger(__name__)
 
 DPO_METRICS = (
     "loss",
@@ -57,8 +60,16 @@ def split_loss_trainer(credited_alpha: float | None = None) -> Any:
     ``nll_weight`` column is 1 (chosen side with task credit > 0; 0 when a batch has none). The
     column is kept through TRL's column filter and collated beside TRL's batch; ``loss/nll`` is then
     that credited NLL, the term in the loss.
+
+    With ``dpo.precompute_ref_log_probs`` the reference log-probs computed before the first step
+    are kept in memory (every process gathers them all) rather than in TRL's cache file.
     """
     trl = require("trl", "train")
+    if not hasattr(trl.DPOTrainer, "_precompute_ref_logps"):  # the method overridden below
+        raise ImportError(
+            f"optima's DPO trainer overrides trl.DPOTrainer._precompute_ref_logps (TRL 1.16), which TRL "
+            f"{trl.__version__} lacks; install trl==1.16.*"
+        )
 
     class _Policy:
         """The policy model as ``_compute_loss`` calls it, keeping its first output."""
@@ -85,6 +96,42 @@ def split_loss_trainer(credited_alpha: float | None = None) -> Any:
             super()._set_signature_columns_if_needed()
             if credited_alpha is not None and "nll_weight" not in self._signature_columns:
                 self._signature_columns = [*self._signature_columns, "nll_weight"]
+
+        def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
+            """TRL's precomputed reference log-probs (``dpo.precompute_ref_log_probs``), added to
+            the dataset in memory: every process computes its shard and gathers every value.
+
+            TRL 1.16 passes them through a cache file named after the dataset's files, which a
+            dataset built in memory does not have: each process then looks in its own temporary
+            folder under a random name, and every process but the main one fails."""
+            torch = require("torch", "train")
+            loader = self.accelerator.prepare(
+                torch.utils.data.DataLoader(
+                    dataset,
+                    batch_size=batch_size,
+                    collate_fn=self.data_collator,
+                    num_workers=self.args.dataloader_num_workers,
+                    pin_memory=self.args.dataloader_pin_memory,
+                    shuffle=False,
+                )
+            )
+            model = self.ref_model or self.model
+            if self.ref_model is None and self.is_deepspeed_enabled:  # TRL's inference engine (ZeRO-3)
+                if self._precompute_engine is None:
+                    self._precompute_engine = trl.models.prepare_deepspeed(self.model, self.accelerator)
+                model = self._precompute_engine
+            chosen, rejected = [], []
+            for batch in loader:
+                pair = self.accelerator.gather_for_metrics(self.compute_ref_log_probs(model, batch))
+                chosen.append(pair[0].cpu())
+                rejected.append(pair[1].cpu())
+            chosen_logps, rejected_logps = torch.cat(chosen).tolist(), torch.cat(rejected).tolist()
+            logger.info(
+                "reference log-probs of the %d %s pairs computed before training", len(chosen_logps), name
+            )
+            return dataset.add_column("ref_chosen_logps", chosen_logps).add_column(
+                "ref_rejected_logps", rejected_logps
+            )
 
         def _compute_loss(self, model: Any, inputs: Any, return_outputs: bool) -> Any:
             weights = inputs.get("nll_weight")

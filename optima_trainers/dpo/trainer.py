@@ -95,6 +95,7 @@ def dpo_args(
         seed=seed,
         data_seed=seed,
         max_steps=config.max_steps if config.max_steps is not None else -1,
+        precompute_ref_log_probs=config.precompute_ref_log_probs,
         **config.extra_args,
     )
 

@@ -8,7 +8,12 @@
 2. ``score``: the run's one scorer (:class:`~optima_env.episode_scorer.EpisodeScorer`: the frozen
    base model's readability, the per-instance max token normalizer, the run's reward
    ``config.reward``, and the ``optima_episode_scored`` event), written atomically to
-   ``scored.jsonl``;
+   ``scored.jsonl``. Under several processes each rank scores its own shard of the episodes (the
+   jobs it played) with its own scorer into ``scored.rank<r>of<N>.jsonl`` (written at once), and
+   the main process gathers them in job order (:func:`~optima_trainers.generation.shards.compute_shard`):
+   the records one process writes, since an episode's score depends on that episode alone and on
+   its instance's token normalizer, the max over all its samples (every rank reads every
+   episode for it);
 3. ``select``: the ``optima_select_training_data`` hook's choice, written atomically to
    ``selected.jsonl``.
 
@@ -25,10 +30,13 @@ from typing import Any
 from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import PluginError
 from optima_env.io import read_episodes, write_episodes
+from optima_env.readability import score_turns
+from optima_env.reward import instance_max_normalizer
 from optima_env.rollout import RolloutJob, make_jobs
 from optima_env.types import Episode
 from optima_trainers.config.train import TrainConfig
 from optima_trainers.generation.rollouts import GenerationContext, episode_summary, stage_rollout
+from optima_trainers.generation.shards import compute_shard, discard_shards
 from optima_trainers.sft.selection import draw_sample_id
 
 __all__ = ["generate_sample_stage", "read_sample_stage", "select_through_hook"]
@@ -39,42 +47,76 @@ def generate_sample_stage(ctx: GenerationContext, *, indices: list[int], init: b
 
     ``indices`` are cursor positions (``position % ctx.num_train`` is the row played); ``init``
     marks the initialization (the format-diverse pool at ``generation.init_temperature``). Under
-    several processes (``ctx.shard``) each rank plays its shard of the jobs; the main process
-    gathers them, then scores and selects alone; the other ranks return once their shard is done."""
-    config, folder = ctx.config, ctx.folder
+    several processes (``ctx.shard``) each rank plays its shard of the jobs and scores the same
+    shard; the main process gathers both and selects alone; the other ranks return once their
+    scored shard is on disk. One process is the case N = 1 of the same steps."""
+    config, folder, shard = ctx.config, ctx.folder, ctx.shard
     scored_path, selected_path = folder / "scored.jsonl", folder / "selected.jsonl"
     if not scored_path.is_file():
         started = time.perf_counter()
         jobs = make_jobs(indices, config.generation.num_samples, ctx.seed)
-        episodes = _generate(ctx, jobs, init=init)
-        if episodes is None:  # another rank: its shard is on disk, the main process goes on
-            return
-        episodes = [_as_drawn(e, ctx.num_train) for e in episodes]
+        episodes = [_as_drawn(e, ctx.num_train) for e in _generate(ctx, jobs, init=init)]
         ctx.phase("generate", started, {"cursor": indices[0] if indices else 0})
         started = time.perf_counter()
-        # the run's reward, per instance group (spec §3), the scored event once each
-        scorer = EpisodeScorer(config.reward, readability=ctx.readability(), on_scored=ctx.on_scored)
-        write_episodes(scored_path, scorer.score(episodes))
+        scored = compute_shard(
+            shard,
+            folder,
+            scored_path.name,
+            [(j.index, j.sample) for j in jobs],
+            lambda positions: [e.to_dict() for e in _score(ctx, episodes, positions)],
+            what="episodes to score",
+        )
+        if scored is None:  # another rank: its scored shard is on disk, the main process gathers
+            return
         ctx.phase("score", started, {})
-    if not selected_path.is_file() and ctx.shard.main:
+    if shard.main:  # the stage's files hold every rank's episodes and scores: the shards go
+        discard_shards(folder, "episodes.jsonl", scored_path.name)
+    if not selected_path.is_file() and shard.main:
         started = time.perf_counter()
         chosen = select_through_hook(ctx.events, ctx.stage.name, read_episodes(scored_path), config)
         write_episodes(selected_path, chosen)
         ctx.phase("select", started, {})
 
 
-def _generate(ctx: GenerationContext, jobs: list[RolloutJob], *, init: bool) -> list[Episode] | None:
+def _generate(ctx: GenerationContext, jobs: list[RolloutJob], *, init: bool) -> list[Episode]:
     """Every job's episode in job order (``episodes.jsonl``, appended and resumed); under several
-    processes this rank's shard, gathered by the main process (``None`` on the others)."""
+    processes this rank plays its shard, and every rank gets every episode (the group normalizers
+    need each instance's samples), the shard files left for :func:`generate_sample_stage`."""
     task, gen = ctx.task, ctx.config.generation
     diverse = init and gen.diverse_init and task.num_formats > 0
-    return stage_rollout(
+    episodes = stage_rollout(
         ctx,
         "episodes.jsonl",
         jobs,
         sampling=gen.sampling(task.agents, seed=ctx.seed, init=init),
         diverse=diverse,
+        everyone=True,
     )
+    assert episodes is not None  # everyone: every rank gets them
+    return episodes
+
+
+def _score(ctx: GenerationContext, episodes: list[Episode], positions: list[int]) -> list[Episode]:
+    """The episodes at ``positions`` scored with the run's reward and fired as scored, in order:
+    their turns' readability from this process's scorer in one call (as one process scores every
+    turn of a stage), each instance's token normalizer the max over all its ``episodes``."""
+    reward = ctx.config.reward
+    mine = [episodes[p] for p in positions]
+    losses = score_turns(ctx.readability(), [t.text for e in mine for t in e.turns])
+    groups: dict[str, list[Episode]] = {}
+    for episode in episodes:
+        groups.setdefault(episode.sample_id, []).append(episode)
+    scored, at = [], 0
+    for episode in mine:
+        own, at = losses[at : at + len(episode.turns)], at + len(episode.turns)
+        scorer = EpisodeScorer(
+            reward,
+            readability=lambda texts, own=own: own,  # this episode's turns, scored above
+            normalizer=instance_max_normalizer(groups[episode.sample_id], config=reward),
+            on_scored=ctx.on_scored,
+        )
+        scored += scorer.score([episode])
+    return scored
 
 
 def read_sample_stage(folder: Path) -> tuple[list[Episode], list[Episode], dict[str, float]]:

@@ -17,6 +17,12 @@ Files, in the stage folder (``episodes.jsonl`` as the example)::
                                ends and resumed like any rollout (a killed rank loses nothing)
     episodes.rank1of2.done     rank 1 has every episode of its shard on disk (written atomically)
 
+A phase computed at once from the gathered data (a sampled stage's scores, ``scored.jsonl``) is
+sharded the same way (:func:`compute_shard`): each rank computes its positions' records and writes
+them to its own file atomically (``scored.rank1of2.jsonl``, then its ``.done`` marker), and the
+main process gathers them into the stage's file in key order. A rank killed while it computes
+loses its shard's records, computed again on resume; none is ever half written.
+
 A rank reads, besides its own shard file, only files nobody writes while it generates: the
 stage's file and the shard files of another world size (an earlier attempt of the same stage
 with a different number of processes); jobs found there are not played again (:func:`play_shard`).
@@ -35,6 +41,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,9 +49,17 @@ from typing import Any, TypeVar
 
 from optima_env.errors import DataError
 from optima_env.io import append_jsonl, read_jsonl, write_text_atomic
-from optima_trainers.run.folder import wait_for_all
 
-__all__ = ["Shard", "collect", "discard_shards", "own_file", "play_shard", "shard_files", "write_gathered"]
+__all__ = [
+    "Shard",
+    "collect",
+    "compute_shard",
+    "discard_shards",
+    "own_file",
+    "play_shard",
+    "shard_files",
+    "write_gathered",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -189,11 +204,55 @@ def play_shard(
     write_text_atomic(own_file(folder, name, shard, marker=True), json.dumps({what: len(positions)}) + "\n")
 
 
+def compute_shard(
+    shard: Shard,
+    folder: Path,
+    name: str,
+    keys: Sequence[Key],
+    compute: Callable[[list[int]], list[dict[str, Any]]],
+    *,
+    key_of: KeyOf = job_key,
+    what: str = "records",
+) -> list[dict[str, Any]] | None:
+    """Compute this rank's records of ``keys`` (positions ``shard.split``) and write them at once,
+    atomically, to its own file (then its marker); the main process gathers every rank's into the
+    stage's file ``name`` and returns all of them in key order, the others return ``None``; one
+    process writes ``name`` itself. ``compute(positions)`` returns the records of ``positions``
+    (in order) that no finished file holds: the stage's file, this rank's own file of an earlier
+    attempt, or another world size's shard files. The shard files stay (the caller removes them
+    with the inputs they were computed from, :func:`discard_shards`)."""
+    positions = shard.split(range(len(keys)))
+    own = own_file(folder, name, shard)
+    finished = keyed(sources(folder, name, shard), key_of)  # files nobody writes now
+    prior = {**keyed([own], key_of), **finished} if shard.world > 1 else finished
+    todo = [p for p in positions if keys[p] not in prior]
+    logger.info(
+        "rank %d/%d: computing %d of %d %s into %s (%d already done)",
+        shard.rank, shard.world, len(positions), len(keys), what, own.name, len(positions) - len(todo),
+    )  # fmt: skip
+    made = dict(zip((keys[p] for p in todo), compute(todo) if todo else [], strict=True))
+    mine = [made[keys[p]] if keys[p] in made else prior[keys[p]][1] for p in positions]
+    if todo or (shard.world == 1 and not own.is_file()):
+        write_gathered(folder, own.name, mine)
+    if shard.world == 1:
+        return mine
+    if any(keys[p] not in finished for p in positions):  # the main process waits for this shard
+        marker = own_file(folder, name, shard, marker=True)
+        write_text_atomic(marker, json.dumps({what: len(positions)}) + "\n")
+    if not shard.main:
+        return None
+    records = [record for _, record in collect(shard, folder, name, keys, key_of=key_of)]
+    write_gathered(folder, name, records)
+    return records
+
+
 def collect(
     shard: Shard, folder: Path, name: str, keys: Sequence[Key], *, key_of: KeyOf = job_key
 ) -> list[tuple[Path, dict[str, Any]]]:
     """Every record of ``keys``, in their order, once each rank whose shard was not already
-    gathered has marked it done: ``(source, record)``."""
+    gathered has marked it done, or the stage's file holds them all: ``(source, record)``. (The
+    main process gathers a stage's file before it removes the markers; a rank that reads a
+    phase's inputs while the main process is already past them finds them there.)"""
     prior = keyed(sources(folder, name, shard), key_of)
     waiting = []
     for rank in range(shard.world):
@@ -202,7 +261,7 @@ def collect(
             waiting.append(own_file(folder, name, shard.of(rank), marker=True))
     if waiting:
         logger.info("rank %d/%d: waiting for %s", shard.rank, shard.world, ", ".join(p.name for p in waiting))
-    wait_for_all(waiting)
+    _wait(waiting, folder / name, keys, key_of)
     found = keyed(sources(folder, name), key_of)
     missing = [k for k in keys if k not in found]
     if missing:
@@ -211,6 +270,25 @@ def collect(
             f"marked its shard done (first: {missing[0]}); delete the stage's *.done files and --resume"
         )
     return [found[k] for k in keys]
+
+
+def _wait(
+    markers: Sequence[Path], stage: Path, keys: Sequence[Key], key_of: KeyOf, poll_s: float = 1.0
+) -> None:
+    """Until every marker exists or ``stage`` (replaced whole by the main process, never appended
+    under several processes) holds every key; the file is read again only when it changed."""
+    seen = None
+    while not all(p.exists() for p in markers):
+        try:
+            stamp = stage.stat().st_mtime_ns
+        except FileNotFoundError:
+            stamp = None
+        if stamp is not None and stamp != seen:
+            seen = stamp
+            found = keyed([stage], key_of)
+            if all(k in found for k in keys):
+                return
+        time.sleep(poll_s)
 
 
 def write_gathered(folder: Path, name: str, records: Sequence[dict[str, Any]]) -> None:

@@ -3,8 +3,9 @@ generation (sampled stages, tree stages, an online backend's instance list) on e
 
 :class:`StageGeneration` is the object :class:`~optima_trainers.host.loop.IterativeTrainer` holds
 to generate; under ``accelerate launch`` with N processes every rank runs :meth:`generate` with its
-own engine on its shard of the stage's jobs (:mod:`optima_trainers.generation.shards`), and the main process
-gathers the shards, scores and selects (:mod:`~optima_trainers.generation.samples`,
+own engine on its shard of the stage's jobs (:mod:`optima_trainers.generation.shards`) and scores that
+shard with its own readability scorer (a sampled stage's episodes, a tree stage's trees); the main
+process gathers the scored shards and selects (:mod:`~optima_trainers.generation.samples`,
 :mod:`~optima_trainers.generation.tree_stage`).
 """
 
@@ -136,7 +137,8 @@ class StageGeneration:
     @property
     def scorer(self) -> Any:
         """The frozen base model's per-turn LM loss (the registered ``readability_scorer``; loaded
-        when a stage scores, dropped before it trains and before a vLLM engine starts or wakes)."""
+        when a stage scores, on every process: each scores its own shard; dropped before it trains
+        and before a vLLM engine starts or wakes)."""
         if self._scorer is None:
             self._scorer = load_readability_scorer(self.config, self.pm)
             track("scorer", self._scorer)  # a test (or a user) can check it is gone at each wake
@@ -148,8 +150,8 @@ class StageGeneration:
         fault_point("phase")
 
     def generate(self, stage: Stage, model: str, cursor: int, folder: Path, shard: Shard) -> int:
-        """Generate (or resume) this process's part of the stage's data into ``folder`` (all of it
-        in one process; the main process also gathers, scores and selects); returns the cursor
+        """Generate and score (or resume) this process's part of the stage's data into ``folder``
+        (all of it in one process; the main process also gathers and selects); returns the cursor
         after the stage. What the last training phase held is released first (:func:`release`)."""
         cfg = self.config
         if stage.generate == "none":  # an online backend: it only needs the stage's instances

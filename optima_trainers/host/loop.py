@@ -24,9 +24,10 @@ plugin manager here; the backend is registered on it for the run, so it may obse
 Every phase's output is on disk before the next starts (:mod:`optima_trainers.run.folder`), so a killed
 run resumes where it stopped with the same data as an uninterrupted one. Under ``accelerate
 launch`` with several processes, every process generates its shard of each stage's jobs with its
-own engine (:mod:`optima_trainers.generation.shards`, :mod:`optima_trainers.generation.stage`); the main
-process gathers the shards, scores and selects; the others wait for the stage's data on disk, then
-every process receives it through the same hook and trains.
+own engine and scores that shard with its own scorer (:mod:`optima_trainers.generation.shards`,
+:mod:`optima_trainers.generation.stage`); the main process gathers the scored shards and selects;
+the others wait for the stage's data on disk, then every process receives it through the same hook
+and trains.
 """
 
 from __future__ import annotations
@@ -245,7 +246,7 @@ class IterativeTrainer:
                 "history": history}  # fmt: skip
 
     def _follow(self) -> list[dict[str, Any]]:
-        """A non-main process: generate its shard of each stage's jobs, receive the stage's data
+        """A non-main process: generate and score its shard of each stage's jobs, receive the stage's data
         from disk once the main process gathered it, and train with the others."""
         model, cursor, shard = self.base_model, 0, Shard.current()
         for stage in self._stages():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
@@ -190,6 +191,62 @@ def test_every_step_and_the_held_out_pairs_are_recorded_and_read_back(tiny_model
         accumulator.Reload()
         tags |= set(accumulator.Tags()["scalars"])
     assert {"train/loss/dpo", "train/loss/nll", "train/rewards/margins", "eval/rewards/accuracies"} <= tags
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [True, False])
+def test_reference_log_probs_computed_once_train_as_those_of_every_step(
+    tiny_model_dir, tmp_path, caplog, lora
+) -> None:
+    """The pairs are fixed before a stage trains: TRL's reference log-probs computed once before
+    the first step (``dpo.precompute_ref_log_probs``; with LoRA the adapter disabled, in full
+    fine-tuning the start, of which no copy is then kept) give the steps, the held-out evaluations
+    and the weights of one reference pass per step."""
+    from optima_trainers.dpo.metrics import DPO_METRICS
+
+    runs = {}
+    for once in (False, True):
+        config = DPOTrainConfig.cpu(
+            learning_rate=1e-3,
+            rpo_alpha=1.0,
+            max_length=256,
+            epochs=2.0,
+            lora=lora,
+            precompute_ref_log_probs=once,
+        )
+        assert dpo_args(config, output_dir="x").precompute_ref_log_probs is once  # reaches TRL's DPOConfig
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="optima_trainers.dpo.metrics"):
+            runs[once] = train_dpo(model_path=str(tiny_model_dir), pairs=make_pairs(10), config=config,
+                                   output_dir=tmp_path / f"out-{once}")  # fmt: skip
+        # TRL's trainer took the setting: 9 training pairs and 1 held out computed before the first step
+        assert [r.getMessage() for r in caplog.records if "reference log-probs" in r.getMessage()] == (
+            [f"reference log-probs of the {n} {split} pairs computed before training"
+             for n, split in ((9, "train"), (1, "eval"))] if once else []
+        )  # fmt: skip
+    every_step, once = runs[False], runs[True]
+    steps = [[h for h in r.history if "loss" in h or "eval_loss" in h] for r in (every_step, once)]
+    assert len(steps[0]) == len(steps[1]) == 12  # 10 steps and 2 evaluations
+    for a, b in zip(*steps, strict=True):
+        assert a["step"] == b["step"]
+        for m in (*DPO_METRICS, *(f"eval_{m}" for m in DPO_METRICS)):
+            if m in a:
+                assert b[m] == pytest.approx(a[m], rel=1e-4, abs=1e-5), (a["step"], m)
+    # the policy moved away from the reference, which stayed the start in both
+    assert steps[1][-2]["rewards/margins"] > 0.1
+    before, after = weights(tmp_path / "out-False"), weights(tmp_path / "out-True")
+    assert all(torch.allclose(before[k], after[k], atol=1e-5) for k in before)
+
+
+def test_the_reference_setting_reaches_the_stage_from_the_command_line(capsys) -> None:
+    from optima_trainers.cli.train import main
+
+    for value in (True, False):
+        assert main(["--task", "synth", "--trainer", "idpo", "--profile", "cpu", "--print-config",
+                     "--set", f"dpo.precompute_ref_log_probs={str(value).lower()}"]) == 0  # fmt: skip
+        config = json.loads(capsys.readouterr().out)
+        assert config["dpo"]["precompute_ref_log_probs"] is value
+        assert dpo_args(DPOTrainConfig(**config["dpo"]), output_dir="x").precompute_ref_log_probs is value
 
 
 def test_the_dpo_metrics_doctests_pass() -> None:
