@@ -16,13 +16,12 @@ __all__ = ["SUITES", "performance_block", "replace_block"]
 REPO = Path(__file__).resolve().parents[2]
 SUITES = {
     "rollout_engines": "The transformers engine, new against old (rollout suite, engine phases)",
-    "loop_engines": "Training loop, new transformers engine against old (loop suite)",
+    "loop": "Training loop per phase, new transformers engine against old (`--suite loop`)",
     "rollout": "Rollout throughput (`--suite rollout`)",
-    "loop": "Training loop per phase (`--suite loop`)",
 }
 """The suites' folders under ``benchmarks/results`` in block order, with their titles (the engine
 comparisons come first: they are the newest measurements of the transformers engine; the
-``rollout`` and ``loop`` tables were measured before it changed)."""
+``rollout`` table was measured before it changed)."""
 
 
 def replace_block(readme: Path, name: str, block: str) -> None:

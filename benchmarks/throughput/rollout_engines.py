@@ -15,7 +15,9 @@ Phases:
   ``fidelity_episodes`` jobs, played by the fp32 engine at the suite's temperature, each
   episode's last prompt with its reply (which holds every earlier turn); the next-token
   distributions at the suite's temperature. Targets: mean total variation distance at most
-  0.01, the same most likely token at least 98% of the time.
+  0.01, the same most likely token at least 98% of the time. Then the batch dependence of each
+  precision: those episodes' last prompts sampled (the suite's sampling, the ``cdf`` sampler) in
+  one batch and one at a time, the replies compared text for text.
 """
 
 from __future__ import annotations
@@ -118,8 +120,16 @@ def _fidelity(cfg: Any) -> dict[str, Any]:
     ]
     started = time.perf_counter()
     measured = fidelity(policy.model, sequences, temperature=cfg.temperature)
+    requests = [request for request, _ in last.values()]
+    alone = {}
+    for precision in sorted({"float32", resolve_precision(cfg.precision)}):
+        engine = TransformersPolicy(
+            policy.model, tokenizer, batch_size=len(requests), prefix_cache_mb=0, precision=precision
+        )
+        alone[precision] = _same_alone(engine, requests, _sampling(cfg))
     return {
         **measured,
+        "same_alone": alone,
         "sequences": len(sequences),
         "seconds": time.perf_counter() - started,
         "native_bf16": cpu_has_native_bf16(),
@@ -129,6 +139,13 @@ def _fidelity(cfg: Any) -> dict[str, Any]:
         and measured["top_token_agreement"] >= FIDELITY_TARGETS["top_token_agreement"],
         "backend": "teacher-forced: the engine's bf16 against fp32",
     }
+
+
+def _same_alone(policy: Any, requests: list[Any], sampling: Any) -> int:
+    """How many of ``requests`` get the same reply from ``policy`` in one batch and alone (seeded
+    per request, so a batch-independent engine answers all of them alike)."""
+    together = policy.generate(requests, sampling)
+    return sum(policy.generate([request], sampling)[0] == reply for request, reply in zip(requests, together))
 
 
 def _of_floor(new: dict[str, Any], old: dict[str, Any]) -> str:
@@ -142,10 +159,12 @@ def _of_floor(new: dict[str, Any], old: dict[str, Any]) -> str:
 
 
 _VARIANTS = {
-    "engine": "bf16 linear layers but the LM head (the engine's bfloat16)",
-    "plain_lm_head": "with a plain bf16 LM head besides (measured, not used)",
-    "exact_top_lm_head": "with a bf16 LM head whose top 64 logits are recomputed in fp32 (measured, not used)",
-    "bf16_kv": "the engine's bfloat16 with a bf16 KV cache (measured, not used)",
+    "engine": "the engine's bfloat16: bf16 linear layers, LM head (top 64 logits recomputed in fp32) "
+    "and KV cache",
+    "linears": "bf16 linear layers but the LM head, fp32 KV cache (the bfloat16 before)",
+    "plain_lm_head": "bf16 linear layers and a plain bf16 LM head (measured, not used)",
+    "exact_top_lm_head": "bf16 linear layers and LM head, top 64 logits recomputed in fp32, fp32 KV cache",
+    "bf16_kv": "bf16 linear layers but the LM head, bf16 KV cache",
 }
 
 
@@ -176,7 +195,7 @@ def engines_text(results: dict[str, dict[str, Any]]) -> str:
     fid = results.get("fidelity", {})
     if "tv_mean" in fid:
         parts.append(
-            f"Fidelity of the engine's bf16 linear layers against fp32 (teacher-forced on {fid['sequences']} "
+            f"Fidelity of the engine's bf16 decode against fp32 (teacher-forced on {fid['sequences']} "
             f"conversations of the task, {fid['positions']} positions, T={fid['temperature']}): total "
             f"variation distance {fid['tv_mean']:.4f} mean, {fid['tv_p99']:.4f} at the 99th percentile; "
             f"same most likely token {fid['top_token_agreement']:.1%} (targets: at most "
@@ -184,6 +203,10 @@ def engines_text(results: dict[str, dict[str, Any]]) -> str:
             f"{'met' if fid['met'] else 'not met'}). This CPU has native bf16: "
             f"{'yes' if fid['native_bf16'] else 'no'}; precision auto decodes in {fid['auto_resolves_to']}."
         )
+        if fid.get("same_alone"):
+            parts[-1] += " Same reply for a seeded prompt in one batch and alone: " + ", ".join(
+                f"{precision} {same} of {fid['sequences']}" for precision, same in fid["same_alone"].items()
+            ) + "."
         for name, v in fid.get("variants", {}).items():
             parts[-1] += (
                 f"\n- {_VARIANTS.get(name, name)}: TV {v['tv_mean']:.4f} mean, {v['tv_p99']:.4f} at the "

@@ -7,17 +7,19 @@ decode GEMMs; a share of it reads as headroom that is not there. The floor inste
 part of the work the engine counted (:class:`~optima_env.backends.hf.DecodeStats`) at a rate
 measured here, for the engine's own precision, sampler and torch threads:
 
-* **decode GEMMs**: every linear layer of the real model (its weights, in model order, in the
-  engine's precision: bf16 copies where it decodes in bf16), fed a batch of the engine's mean
-  decode batch, once per decode forward pass;
+* **decode GEMMs**: every linear layer of the real model, the LM head included (its weights, in
+  model order, in the engine's precision: bf16 copies where it decodes in bf16), fed a batch of the
+  engine's mean decode batch, once per decode forward pass;
 * **prefill GEMMs**: the same layers but the LM head (prefill keeps one row of logits) on 256
   tokens at once, per prefilled token;
-* **attention**: the KV columns the rows' masks allow (padding left out), in the model's dtype,
-  read once per decode pass at the measured memory read rate (a sum over a 256 MB buffer);
+* **attention**: the KV columns the rows' masks allow (padding left out), in the engine's KV dtype
+  (bf16 where it decodes in bf16), read once per decode pass at the measured memory read rate (a
+  sum over a 256 MB buffer);
 * **sampling**: the engine's sampler on a batch of logits of the vocabulary's width, once per
   sampling round.
 
-Everything else (norms, rotary embeddings, the attention of prefill, KV copies, Python) counts as
+Everything else (norms, rotary embeddings, the attention of prefill, the bf16 LM head's fp32
+recomputation of its top logits, KV copies, Python) counts as
 zero, so the floor is a lower bound of the time: a row at 100% of its floor could not be faster
 without doing less work (fewer prefilled tokens, fewer weight bytes). Rows report
 ``floor_tokens_per_s`` (generated tokens over the floor's seconds) and ``of_floor`` (their tokens/s
@@ -64,7 +66,7 @@ def _gemm_seconds(model: Any, precision: str, batch: int, *, lm_head: bool) -> f
         if not isinstance(module, torch.nn.Linear) or (module is head and not lm_head):
             continue
         weight, bias = module.weight, module.bias
-        if precision == "bfloat16" and module is not head:
+        if precision == "bfloat16":
             weight, bias = linears.weights(module)
         layers.append((weight, bias, torch.randn(batch, module.in_features)))
 
@@ -123,7 +125,7 @@ def run_floor_phase(cfg: Any) -> dict[str, Any]:
                 }
     return {
         "units": units,
-        "kv_bytes_per_token": kv_bytes_per_token(model),
+        "kv_bytes_per_token": {p: kv_bytes_per_token(model, getattr(torch, p)) for p in precisions},
         "backend": "unit costs of the engine's work: real weights, memory read rate, sampler",
     }
 
@@ -157,7 +159,9 @@ def floor_of(stats: dict[str, int], engine: dict[str, str], threads: int, floor:
     parts = {
         "decode_gemm_s": passes * _at(gemm["decode_s"], rows_per_pass),
         "prefill_gemm_s": stats["prefilled_tokens"] * gemm["prefill_s_per_token"],
-        "attention_s": stats["valid_columns"] * floor["kv_bytes_per_token"] / units["read_bytes_per_s"],
+        "attention_s": stats["valid_columns"]
+        * floor["kv_bytes_per_token"][precision]
+        / units["read_bytes_per_s"],
         "sampling_s": rounds * _at(sample, rows_per_round),
     }
     seconds = sum(parts.values())

@@ -17,8 +17,9 @@ Two decoding paths:
   seeded as a whole).
 
 Both sample exactly by inverse CDF (:mod:`optima_env.backends._tokens`) and, for an fp32 model on
-a CPU with native bf16, run the linear layers in bf16 while decoding (``precision="auto"``,
-:mod:`optima_env.backends.precision`); :attr:`TransformersPolicy.engine` records both.
+a CPU with native bf16, decode with the linear layers, the LM head and the KV cache in bf16
+(``precision="auto"``, :mod:`optima_env.backends.precision`: there, the same seed gives the same
+text only in the same batch); :attr:`TransformersPolicy.engine` records both.
 
 The policy is also a :class:`~optima_env.policy.TurnEngine` (``capacity``, ``submit``, ``poll``):
 on the fast path :class:`~optima_env.backends.hf_stream.StreamingDecoder` runs one batch that
@@ -84,7 +85,8 @@ class TransformersPolicy:
             its ``max_new_tokens``, still fits. A request that alone needs more runs alone.
             While the buffer is reallocated the old one lives too, so the peak is up to twice this.
         precision: decode precision of an fp32 model on CPU (:mod:`optima_env.backends.precision`):
-            ``auto`` (bf16 linear layers where the CPU has native bf16, else fp32), ``float32`` or
+            ``auto`` (bf16 linear layers, LM head and KV cache where the CPU has native bf16, else
+            fp32), ``float32`` (the same text for a seed in any batch) or
             ``bfloat16``; the resolved one is :attr:`precision`. The model's weights are not changed.
         sampler: ``cdf`` (exact inverse-CDF sampling, the default) or ``multinomial`` (replays
             episodes recorded before it; :data:`~optima_env.backends._tokens.SAMPLERS`).
@@ -113,10 +115,9 @@ class TransformersPolicy:
         self.precision = resolve_precision(check_precision(precision), dtype=dtype, device=model.device.type)
         """The precision the linear layers decode in (``precision`` resolved for this model and CPU)."""
         self._linears = Bf16Linears(model) if self.precision != dtype else None
-        self.kv_dtype = next(model.parameters()).dtype
-        """The torch dtype of the KV states (buffers and prefix cache): the model's, whatever the
-        precision (a bf16 cache made a row's reply depend on the rows decoded beside it;
-        :mod:`~optima_env.backends.precision`)."""
+        self.kv_dtype = getattr(require("torch", "train"), self.precision)
+        """The torch dtype of the KV states (buffers and prefix cache): the decode precision's
+        (bf16 for an fp32 model decoding in bf16, :mod:`~optima_env.backends.precision`)."""
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
@@ -156,10 +157,10 @@ class TransformersPolicy:
 
     # -- public ---------------------------------------------------------------------------------
     @property
-    def engine(self) -> dict[str, str]:
+    def engine(self) -> dict[str, Any]:
         """The engine's numerics as stores record them
         (:func:`~optima_env.backends.precision.engine_record`)."""
-        return engine_record(self.precision, self.sampler)
+        return engine_record(self.precision, self.sampler, mixed=self._linears is not None)
 
     @contextlib.contextmanager
     def decoding(self, *, fast: bool = True) -> Iterator[None]:

@@ -1,21 +1,27 @@
-"""Decode precision of the transformers engine on CPU: its linear layers but the LM head in bf16
-where the CPU computes bf16 natively, everything else in fp32; and the record of an engine's
-numerics.
+"""Decode precision of the transformers engine on CPU: its linear layers, its LM head and its KV
+cache in bf16 where the CPU computes bf16 natively, the LM head's most likely logits recomputed in
+fp32, everything else in fp32; and the record of an engine's numerics.
 
 Why: a decode step of SmolLM2-135M reads 538 MB of fp32 weights; on a CPU with AVX512_BF16 or AMX
 the linear layers run about 1.5x faster in bf16, while attention, norms and the small
-element-wise ops are slower in bf16 (whole-model bf16 is slower than fp32 there). So only
-``nn.Linear`` computes in bf16, its input cast at the layer and its output cast back. The model's
-own weights stay as they are (a trainer's model keeps training in its own dtype): the engine keeps
-bf16 copies, remade when a weight changes, and routes the linear layers through them only while it
-decodes (:meth:`Bf16Linears.active`). :func:`fidelity` measures what it costs: teacher-forced
-next-token distributions against fp32. It also measures two changes the engine does not make: a
-bf16 LM head (:class:`Bf16Linears`) and a bf16 KV cache
-(:func:`optima_env.backends._kv.gqa_attention` attends in a cache's dtype). The bf16 LM head with its
-top logits recomputed in fp32 and the bf16 KV cache passed the fidelity targets (a plain bf16 LM
-head did not), but each made a row's tokens depend on the rows decoded beside it: with the bf16 KV
-cache the tests that a streamed reply equals ``generate``'s and that data-parallel shards equal
-one process failed, with the bf16 LM head the latter.
+element-wise ops are slower in bf16 (whole-model bf16 is slower than fp32 there). So only the
+``nn.Linear`` layers compute in bf16, each input cast at the layer and its output cast back; the
+LM head too, with every logit of a row at least its :data:`EXACT_TOP`-th largest recomputed in fp32
+(a plain bf16 LM head moved the next-token distributions too far from fp32's; the tokens that hold
+nearly all of a row's mass come out as fp32 gives them). The KV states are kept in bf16 (half the
+memory read by attention) and attended in bf16 (:func:`optima_env.backends._kv.gqa_attention`).
+The model's own weights stay as they are (a trainer's model keeps training in its own dtype): the
+engine keeps bf16 copies, remade when a weight changes, and routes the linear layers through them
+only while it decodes (:meth:`Bf16Linears.active`). :func:`fidelity` measures what it costs:
+teacher-forced next-token distributions against fp32, for the engine and for each of its parts.
+
+Batch shapes: this CPU's GEMMs (oneDNN, MKL) pick their kernel by the number of rows, so a row's
+logits differ in the last bits with the rows beside it, in fp32 too. In fp32 those differences
+almost never flip a sampled token, so a seeded request samples the same text in any batch
+(the tests that data-parallel shards equal one process and that a streamed reply equals
+``generate``'s run in ``float32``); in bf16 they are a bf16 rounding step and sometimes flip a
+token, so the same seed gives the same episodes only in the same batch. ``float32`` is the setting
+for runs that must replay bit for bit across process counts or a resume.
 
 Settings (:data:`PRECISIONS`): ``auto`` picks bf16 where :func:`cpu_has_native_bf16` and fp32
 elsewhere; ``float32`` and ``bfloat16`` force one. A model that is not fp32 on a CPU (a GPU, a
@@ -37,6 +43,7 @@ from optima_env.errors import TaskContractError
 __all__ = [
     "EXACT_TOP",
     "LEGACY_ENGINE",
+    "MIXED",
     "PRECISIONS",
     "Bf16Linears",
     "check_precision",
@@ -48,7 +55,7 @@ __all__ = [
 ]
 
 PRECISIONS = ("auto", "float32", "bfloat16")
-"""Values of the decode precision setting (``auto``: bf16 linear layers where the CPU has native bf16)."""
+"""Values of the decode precision setting (``auto``: bf16 decode where the CPU has native bf16)."""
 
 LEGACY_ENGINE = {"precision": "float32", "sampler": "multinomial"}
 """The engine record of stores written before engines were recorded (fp32, ``torch.multinomial``)."""
@@ -87,10 +94,22 @@ EXACT_TOP = 64
 """Logits per row that the bf16 LM head recomputes in fp32: the most likely ones (:class:`Bf16Linears`)."""
 
 
-def engine_record(precision: str, sampler: str, *, greedy: bool = False) -> dict[str, str]:
-    """What a store keeps of the engine that generated its episodes: the resolved precision and the
-    sampler (``greedy`` for greedy decoding, which no sampler touches)."""
-    return {"precision": precision, "sampler": "greedy" if greedy else sampler}
+MIXED = 2
+"""Version of the mixed bf16 decode (the module docstring), in the records of its episodes: 2 runs
+the linear layers, the LM head (top recomputed in fp32) and the KV cache in bf16; 1, the linear
+layers but the LM head only (no engine decodes so any more)."""
+
+
+def engine_record(
+    precision: str, sampler: str, *, greedy: bool = False, mixed: bool = False
+) -> dict[str, Any]:
+    """What a store keeps of the engine that generated its episodes: the resolved precision, the
+    sampler (``greedy`` for greedy decoding, which no sampler touches) and, for an fp32 model
+    decoding in bf16 (``mixed``), the :data:`MIXED` version."""
+    record: dict[str, Any] = {"precision": precision, "sampler": "greedy" if greedy else sampler}
+    if mixed:
+        record["mixed"] = MIXED
+    return record
 
 
 def recorded_engine(metadata: Any, *, greedy: bool) -> dict[str, str]:
@@ -131,16 +150,11 @@ def _head_bf16(head: Any, weight: Any, bias: Any, exact_top: int, x: Any) -> Any
 class Bf16Linears:
     """bf16 copies of a model's fp32 linear weights, and a context that decodes through them.
 
-    The LM head stays in fp32 (the engine's). ``lm_head=True`` runs it in bf16 too, its
-    ``exact_top`` largest logits per row recomputed in fp32 (0: none), for :func:`fidelity`'s
-    variants: on the rollout suite's task text a plain bf16 LM head raised the total variation
-    distance to fp32 from 0.0066 (the other layers) to 0.0120, over the 0.01 target, and with the top
-    recomputed it was 0.0068 (``benchmarks/results/rollout_engines``); but a bf16 LM head, top
-    recomputed or not, made a row's tokens depend on the rows decoded beside it (the test that
-    data-parallel shards equal one process failed), so the engine keeps it in fp32.
+    The LM head computes in bf16 too, its ``exact_top`` largest logits per row recomputed in fp32
+    (0: none); ``lm_head=False`` keeps it in fp32, for :func:`fidelity`'s parts of the engine.
     """
 
-    def __init__(self, model: Any, *, lm_head: bool = False, exact_top: int = EXACT_TOP) -> None:
+    def __init__(self, model: Any, *, lm_head: bool = True, exact_top: int = EXACT_TOP) -> None:
         self.model = model
         self._copies: dict[Any, tuple[tuple[int, int, int], Any, Any]] = {}
         self._head = model.get_output_embeddings()
@@ -189,13 +203,16 @@ class Bf16Linears:
 
 
 FIDELITY_VARIANTS = {
-    "engine": {"lm_head": False, "exact_top": 0, "kv_cache": "float32"},
+    "engine": {"lm_head": True, "exact_top": EXACT_TOP, "kv_cache": "bfloat16"},
+    "linears": {"lm_head": False, "exact_top": 0, "kv_cache": "float32"},
     "plain_lm_head": {"lm_head": True, "exact_top": 0, "kv_cache": "float32"},
     "exact_top_lm_head": {"lm_head": True, "exact_top": EXACT_TOP, "kv_cache": "float32"},
     "bf16_kv": {"lm_head": False, "exact_top": 0, "kv_cache": "bfloat16"},
 }
 """What :func:`fidelity` runs in bf16 per variant: ``engine`` is precision ``bfloat16`` (the linear
-layers but the LM head); the others are measured, not used (see the module docstring)."""
+layers, the LM head with its top in fp32, the KV cache); the others are its parts alone over bf16
+linear layers (``linears``: those only, :data:`MIXED` version 1), and a plain bf16 LM head, which
+the engine does not use."""
 
 
 def fidelity(model: Any, sequences: Sequence[Sequence[int]], *, temperature: float = 0.7) -> dict[str, Any]:

@@ -10,8 +10,10 @@ The formats (CHANGELOG.md tells when each changed)::
     1  config.json may hold a ``tree.reward`` section or ``generation.compute_type``; a line of
        trees.jsonl may hold several trees; a checkpoint's COMPLETE marker may lack the ``files``
        manifest or the training ``history``
-    2  today's: the tree reward derives from ``reward.*``, one tree per line of trees.jsonl, every
-       COMPLETE marker holds its manifest and history
+    2  the tree reward derives from ``reward.*``, one tree per line of trees.jsonl, every COMPLETE
+       marker holds its manifest and history
+    3  today's: as 2, and every stage folder with episodes records the engine that generated them
+       (``engine.json``, :func:`optima_trainers.generation.engines.check_stage_engine`)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from optima_env.errors import DataError
 
 __all__ = ["RUN_FORMAT", "old_format_error"]
 
-RUN_FORMAT = 2
+RUN_FORMAT = 3
 """The run folder format this optima_trainers writes and reads (the module docstring lists them)."""
 
 

@@ -33,6 +33,7 @@ SETS = {
     "generation.max_new_tokens": "8", "sft.max_steps": "1", "dpo.max_steps": "1", "selection.theta": "-100",
     "tree.normalizer_instances": "2", "tree.instances": "2", "tree.selections": "2", "tree.rollouts": "2",
     "tree.theta_filter": "-100", "tree.theta_diff": "0",
+    "generation.precision": "float32",  # trees replayed through the API equal the run's in fp32 only
 }  # fmt: skip
 
 
@@ -113,7 +114,7 @@ def test_trees_built_through_the_python_api_equal_the_runs_tree_stage(idpo_run: 
         counts, tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding
     )
     policy = load_policy(str(idpo_run / "iter_00" / "checkpoint"), backend="hf", batch_size=gen.batch_size,
-                         dtype=config.dtype)  # fmt: skip
+                         dtype=config.dtype, precision=gen.precision)  # fmt: skip
     first = gen.instances + tree_cfg.normalizer_instances  # the cursor after the init and normalizer
     positions = list(range(first, first + tree_cfg.instances))
     reward = EpisodeScorer(config.tree_reward, normalizer=normalizer, cache_turns=True,

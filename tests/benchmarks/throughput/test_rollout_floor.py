@@ -17,7 +17,7 @@ UNITS = {
             "sample": {"cdf": {"1": 0.001, "32": 0.004}, "multinomial": {"1": 0.002, "32": 0.04}},
         }
     },
-    "kv_bytes_per_token": 1000,
+    "kv_bytes_per_token": {"float32": 1000, "bfloat16": 500},
 }
 STATS = {
     "decode_forwards": 10,
@@ -41,9 +41,9 @@ def test_each_part_of_the_work_is_priced_at_its_unit_cost() -> None:
 
 def test_the_row_s_precision_and_sampler_choose_the_units() -> None:
     fp32 = floor_of(STATS, {"precision": "float32", "sampler": "multinomial"}, 2, UNITS)
-    bf16 = floor_of(STATS, {"precision": "bfloat16", "sampler": "cdf", "mixed": "..."}, 2, UNITS)
+    bf16 = floor_of(STATS, {"precision": "bfloat16", "sampler": "cdf", "mixed": 2}, 2, UNITS)
     assert bf16["decode_gemm_s"] == pytest.approx(fp32["decode_gemm_s"] / 2)
-    assert bf16["attention_s"] == pytest.approx(fp32["attention_s"])  # the KV states stay in fp32
+    assert bf16["attention_s"] == pytest.approx(fp32["attention_s"] / 2)  # bf16 KV states
     assert bf16["sampling_s"] < fp32["sampling_s"]
 
 

@@ -30,8 +30,10 @@ def conversation(i: int, turns: int) -> GenerationRequest:
 
 
 def test_fast_path_equals_transformers_generate_and_reuses_the_kv_cache(tiny, tokenizer) -> None:
-    fast = TransformersPolicy(tiny, tokenizer, fast=True, batch_size=4)
-    slow = TransformersPolicy(tiny, tokenizer, fast=False, batch_size=4)
+    # float32: the precision in which a request's text does not depend on its batch (bf16 decode
+    # rounds the batch shapes' last-bit differences into other tokens; optima_env.backends.precision)
+    fast = TransformersPolicy(tiny, tokenizer, fast=True, batch_size=4, precision="float32")
+    slow = TransformersPolicy(tiny, tokenizer, fast=False, batch_size=4, precision="float32")
     greedy = SamplingParams(temperature=0, max_new_tokens=12)
     for turns in range(3):
         requests = [conversation(i, turns) for i in range(7)]  # 7 rows, batches of 4: uneven lengths

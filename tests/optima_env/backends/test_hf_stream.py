@@ -32,7 +32,8 @@ def drain(engine: TurnEngine) -> tuple[dict[int, str], list[list[int]]]:
 
 
 def test_streamed_replies_equal_generate_greedy_and_seeded_and_use_the_prefix_cache(tiny, tokenizer) -> None:
-    engine = TransformersPolicy(tiny, tokenizer, batch_size=3)
+    # float32: the precision in which a request's text does not depend on its batch (precision.py)
+    engine = TransformersPolicy(tiny, tokenizer, batch_size=3, precision="float32")
     assert isinstance(engine, TurnEngine) and engine.capacity == 3
     greedy = [SamplingParams(temperature=0, max_new_tokens=n) for n in (4, 9)]
     seeded = [SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=n, seed=7) for n in (5, 8)]
@@ -44,7 +45,9 @@ def test_streamed_replies_equal_generate_greedy_and_seeded_and_use_the_prefix_ca
         replies, _ = drain(engine)
         for k, sampling in enumerate(kinds):
             group = list(range(k, 8, 4))
-            reference = TransformersPolicy(tiny, tokenizer, batch_size=3, prefix_cache_mb=0)
+            reference = TransformersPolicy(
+                tiny, tokenizer, batch_size=3, prefix_cache_mb=0, precision="float32"
+            )
             expected = reference.generate([requests[i] for i in group], sampling)
             assert [replies[100 * turns + i] for i in group] == expected, (turns, sampling)
             assert all(reply.startswith("Alice:") for reply in expected)

@@ -33,8 +33,9 @@ def test_auto_decodes_in_bf16_only_where_the_cpu_has_it(tiny, tokenizer, monkeyp
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     policy = TransformersPolicy(tiny, tokenizer)
     assert policy.precision == resolved
-    assert policy.engine == {"precision": resolved, "sampler": "cdf"}
-    assert policy.kv_dtype == torch.float32
+    mixed = {"mixed": precision.MIXED} if resolved == "bfloat16" else {}
+    assert policy.engine == {"precision": resolved, "sampler": "cdf", **mixed}
+    assert policy.kv_dtype == getattr(torch, resolved)
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     reference = _forward(tiny, ids)
     with policy.decoding():
@@ -128,17 +129,24 @@ def test_a_stage_folder_refuses_to_resume_under_another_engine(tiny, tokenizer, 
     fp32 = TransformersPolicy(tiny, tokenizer, precision="float32")
     bf16 = TransformersPolicy(tiny, tokenizer, precision="bfloat16")
     assert check_stage_engine(bf16, tmp_path) is bf16
-    assert json.loads((tmp_path / "engine.json").read_text()) == {"precision": "bfloat16", "sampler": "cdf"}
+    recorded = {"precision": "bfloat16", "sampler": "cdf", "mixed": precision.MIXED}
+    assert json.loads((tmp_path / "engine.json").read_text()) == recorded
     assert check_stage_engine(bf16, tmp_path) is bf16
     with pytest.raises(DataError, match=r"generation\.precision=bfloat16 --set generation\.sampler=cdf"):
         check_stage_engine(fp32, tmp_path)
+    (tmp_path / "engine.json").write_text(json.dumps({"precision": "bfloat16", "sampler": "cdf"}))
+    with pytest.raises(DataError, match=f"mixed version {precision.MIXED} only"):  # the bf16 decode before
+        check_stage_engine(bf16, tmp_path)
     old = tmp_path / "old"
     old.mkdir()
-    (old / "episodes.jsonl").write_text("{}\n")  # episodes from before engines were recorded
-    with pytest.raises(DataError, match="'sampler': 'multinomial'"):
+    (old / "episodes.jsonl").write_text("{}\n")  # episodes from before stage folders recorded engines
+    with pytest.raises(DataError, match=r"episodes\.jsonl: no engine\.json beside it: run folder format 2"):
         check_stage_engine(fp32, old)
-    legacy = TransformersPolicy(tiny, tokenizer, precision="float32", sampler="multinomial")
-    assert check_stage_engine(legacy, old) is legacy
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "episodes.rank1of2.jsonl").write_text("{}\n")  # a rank's shard of this run: no data yet
+    assert check_stage_engine(fp32, fresh) is fp32
+    assert json.loads((fresh / "engine.json").read_text()) == {"precision": "float32", "sampler": "cdf"}
 
 
 def test_a_benchmark_store_never_mixes_engines(tiny, tokenizer, tmp_path) -> None:
@@ -180,7 +188,7 @@ def test_a_bf16_lm_head_gives_its_top_logits_as_fp32_does(tiny) -> None:
     assert torch.equal(mixed.argmax(-1), reference.argmax(-1))
 
 
-def test_the_kv_states_stay_in_the_model_dtype_and_attention_follows_a_cache_s_dtype(tiny, tokenizer) -> None:
+def test_the_kv_states_follow_the_decode_precision_and_attention_follows_their_dtype(tiny, tokenizer) -> None:
     from optima_env.backends import _kv
     from optima_env.policy import SamplingParams
     from tests.optima_env.backends.test_hf import conversation
@@ -189,11 +197,11 @@ def test_the_kv_states_stay_in_the_model_dtype_and_attention_follows_a_cache_s_d
     for setting in ("bfloat16", "float32"):
         policy = TransformersPolicy(tiny, tokenizer, precision=setting)
         policy.generate([conversation(0, 2), conversation(1, 2)], sampling)
-        assert policy.kv_dtype == torch.float32
+        assert policy.kv_dtype == getattr(torch, setting)
         assert policy.prefix_cache is not None and len(policy.prefix_cache) > 0
-        assert {entry.kv.dtype for entry in policy.prefix_cache._entries} == {torch.float32}
+        assert {entry.kv.dtype for entry in policy.prefix_cache._entries} == {getattr(torch, setting)}
     query, key, value = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 5, 16), torch.randn(2, 2, 5, 16)
-    mixed, _ = _kv.gqa_attention(None, query, key.bfloat16(), value.bfloat16(), None)  # fidelity's bf16_kv
+    mixed, _ = _kv.gqa_attention(None, query, key.bfloat16(), value.bfloat16(), None)
     reference, _ = _kv.gqa_attention(None, query, key, value, None)
     assert mixed.dtype == torch.float32
     assert torch.allclose(mixed, reference, atol=0.05) and not torch.equal(mixed, reference)

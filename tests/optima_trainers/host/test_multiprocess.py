@@ -40,6 +40,7 @@ ARGS = [
     "--concurrency", "2", "--max-steps", "1", "--theta-sft", "-100", "--no-progress",
     "--set", "tree.instances=2", "--set", "tree.normalizer_instances=2", "--set", "tree.selections=2",
     "--set", "tree.rollouts=2", "--set", "tree.theta_filter=-100", "--set", "tree.theta_diff=0",
+    "--set", "generation.precision=float32",  # two ranks' data equal one process's in fp32 only
 ]  # fmt: skip
 STAGES = ("iter_00", "iter_01")
 DATA_FILES = (

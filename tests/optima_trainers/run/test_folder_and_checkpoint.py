@@ -138,7 +138,7 @@ def test_an_old_run_folder_gets_one_line_naming_its_format(
         read()
     message = str(info.value)
     assert message == (
-        f"{target}: {found}: run folder format 1, this optima_trainers reads format 2 only; finish "
+        f"{target}: {found}: run folder format 1, this optima_trainers reads format 3 only; finish "
         "that run with the optima_trainers release that began it, or start a new run folder"
     )
     assert "\n" not in message
