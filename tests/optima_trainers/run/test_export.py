@@ -85,7 +85,7 @@ def test_a_rerun_returns_the_export_without_rewriting_it(pair, tmp_path, caplog)
     out = tmp_path / "adapter"
     first = export_lora(str(base), trained, out, rank=2)
     stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    with caplog.at_level(logging.INFO, logger="optima_trainers.cli.export"):
+    with caplog.at_level(logging.INFO, logger="optima_trainers.run.export"):
         again = export_lora(str(base), trained, out, rank=2, provenance={"ignored": True})
     assert again == first and {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
     assert any("already holds this export" in r.getMessage() for r in caplog.records)
