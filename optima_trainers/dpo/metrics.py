@@ -64,12 +64,7 @@ def split_loss_trainer(credited_alpha: float | None = None) -> Any:
     With ``dpo.precompute_ref_log_probs`` the reference log-probs computed before the first step
     are kept in memory (every process gathers them all) rather than in TRL's cache file.
     """
-    trl = require("trl", "train")
-    if not hasattr(trl.DPOTrainer, "_precompute_ref_logps"):  # the method overridden below
-        raise ImportError(
-            f"optima's DPO trainer overrides trl.DPOTrainer._precompute_ref_logps (TRL 1.16), which TRL "
-            f"{trl.__version__} lacks; install trl==1.16.*"
-        )
+    trl = _trl_with_precompute_hook()
 
     class _Policy:
         """The policy model as ``_compute_loss`` calls it, keeping its first output."""
@@ -98,40 +93,7 @@ def split_loss_trainer(credited_alpha: float | None = None) -> Any:
                 self._signature_columns = [*self._signature_columns, "nll_weight"]
 
         def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
-            """TRL's precomputed reference log-probs (``dpo.precompute_ref_log_probs``), added to
-            the dataset in memory: every process computes its shard and gathers every value.
-
-            TRL 1.16 passes them through a cache file named after the dataset's files, which a
-            dataset built in memory does not have: each process then looks in its own temporary
-            folder under a random name, and every process but the main one fails."""
-            torch = require("torch", "train")
-            loader = self.accelerator.prepare(
-                torch.utils.data.DataLoader(
-                    dataset,
-                    batch_size=batch_size,
-                    collate_fn=self.data_collator,
-                    num_workers=self.args.dataloader_num_workers,
-                    pin_memory=self.args.dataloader_pin_memory,
-                    shuffle=False,
-                )
-            )
-            model = self.ref_model or self.model
-            if self.ref_model is None and self.is_deepspeed_enabled:  # TRL's inference engine (ZeRO-3)
-                if self._precompute_engine is None:
-                    self._precompute_engine = trl.models.prepare_deepspeed(self.model, self.accelerator)
-                model = self._precompute_engine
-            chosen, rejected = [], []
-            for batch in loader:
-                pair = self.accelerator.gather_for_metrics(self.compute_ref_log_probs(model, batch))
-                chosen.append(pair[0].cpu())
-                rejected.append(pair[1].cpu())
-            chosen_logps, rejected_logps = torch.cat(chosen).tolist(), torch.cat(rejected).tolist()
-            logger.info(
-                "reference log-probs of the %d %s pairs computed before training", len(chosen_logps), name
-            )
-            return dataset.add_column("ref_chosen_logps", chosen_logps).add_column(
-                "ref_rejected_logps", rejected_logps
-            )
+            return _precompute_ref_logps_in_memory(self, dataset, name, batch_size)
 
         def _compute_loss(self, model: Any, inputs: Any, return_outputs: bool) -> Any:
             weights = inputs.get("nll_weight")
@@ -233,3 +195,49 @@ def result_metrics(
         if key in source:
             metrics[key] = float(source[key])
     return metrics | epoch_summary(history) | eval_summary(history)
+
+
+def _precompute_ref_logps_in_memory(trainer: Any, dataset: Any, name: str, batch_size: int) -> Any:
+    """TRL's precomputed reference log-probs (``dpo.precompute_ref_log_probs``) for ``trainer`` (a
+    :func:`split_loss_trainer`), added to ``dataset`` in memory: every process computes its shard
+    and gathers every value.
+
+    TRL 1.16 passes them through a cache file named after the dataset's files, which a dataset
+    built in memory does not have: each process then looks in its own temporary folder under a
+    random name, and every process but the main one fails."""
+    torch, trl = require("torch", "train"), require("trl", "train")
+    loader = trainer.accelerator.prepare(
+        torch.utils.data.DataLoader(
+            dataset,
+            batch_size=batch_size,
+            collate_fn=trainer.data_collator,
+            num_workers=trainer.args.dataloader_num_workers,
+            pin_memory=trainer.args.dataloader_pin_memory,
+            shuffle=False,
+        )
+    )
+    model = trainer.ref_model or trainer.model
+    if trainer.ref_model is None and trainer.is_deepspeed_enabled:  # TRL's inference engine (ZeRO-3)
+        if trainer._precompute_engine is None:
+            trainer._precompute_engine = trl.models.prepare_deepspeed(trainer.model, trainer.accelerator)
+        model = trainer._precompute_engine
+    chosen, rejected = [], []
+    for batch in loader:
+        pair = trainer.accelerator.gather_for_metrics(trainer.compute_ref_log_probs(model, batch))
+        chosen.append(pair[0].cpu())
+        rejected.append(pair[1].cpu())
+    chosen_logps, rejected_logps = torch.cat(chosen).tolist(), torch.cat(rejected).tolist()
+    logger.info("reference log-probs of the %d %s pairs computed before training", len(chosen_logps), name)
+    with_chosen = dataset.add_column("ref_chosen_logps", chosen_logps)
+    return with_chosen.add_column("ref_rejected_logps", rejected_logps)
+
+
+def _trl_with_precompute_hook() -> Any:
+    """TRL, once it has the method :func:`split_loss_trainer` overrides (TRL 1.16's)."""
+    trl = require("trl", "train")
+    if not hasattr(trl.DPOTrainer, "_precompute_ref_logps"):
+        raise ImportError(
+            f"optima's DPO trainer overrides trl.DPOTrainer._precompute_ref_logps (TRL 1.16), which TRL "
+            f"{trl.__version__} lacks; install trl==1.16.*"
+        )
+    return trl
