@@ -73,15 +73,24 @@ class EpisodeScorer:
         losses = self._turn_losses(episodes)
         return list(episodes) if losses is None else self._with_losses(episodes, losses)
 
-    def score(self, episodes: Sequence[Episode]) -> list[Episode]:
-        """The episodes with ``lm_loss`` (when a readability scorer is set) and ``reward`` filled in."""
+    def score(self, episodes: Sequence[Episode], *, group: Sequence[Episode] | None = None) -> list[Episode]:
+        """The episodes with ``lm_loss`` (when a readability scorer is set) and ``reward`` filled in.
+
+        ``group`` (``"group"`` normalizer only): the episodes whose per-instance maxima set the
+        normalizer, when they are more than those scored (a rank scoring its shard of a stage whose
+        instances' samples lie on several ranks); default: the scored episodes themselves."""
+        if group is not None and self.normalizer != "group":
+            raise ScoringError(
+                f"group= sets the 'group' normalizer's maxima, but this scorer's normalizer is "
+                f"{self.normalizer!r}; score without group=, or build the scorer with normalizer='group'"
+            )
         losses = self._turn_losses(episodes)
         if losses is not None:
             episodes = self._with_losses(episodes, losses)
         per_turn = losses if losses is not None else [None] * len(episodes)
         scored = [
             dataclasses.replace(e, reward=score_episode(e, config=self.config, normalizer=n, turn_losses=ls))
-            for e, n, ls in zip(episodes, self._normalizers(episodes), per_turn)
+            for e, n, ls in zip(episodes, self._normalizers(episodes, group), per_turn)
         ]
         if self._on_scored is not None:
             for episode in scored:
@@ -111,7 +120,7 @@ class EpisodeScorer:
         self._cache.update(zip(missing, score_turns(self.readability, missing)))
         return [[self._cache[t] for t in turns] for turns in texts]
 
-    def _normalizers(self, episodes: Sequence[Episode]) -> list[float]:
+    def _normalizers(self, episodes: Sequence[Episode], group: Sequence[Episode] | None) -> list[float]:
         if not isinstance(self.normalizer, str):
             return [float(self.normalizer)] * len(episodes)
         if self.normalizer == "running":
@@ -120,7 +129,7 @@ class EpisodeScorer:
                 self._running[e.sample_id] = max(self._running.get(e.sample_id, 0.0), own)
             return [self._running[e.sample_id] for e in episodes]
         groups: dict[str, list[Episode]] = {}
-        for e in episodes:
+        for e in episodes if group is None else group:
             groups.setdefault(e.sample_id, []).append(e)
-        maxima = {sid: instance_max_normalizer(group, config=self.config) for sid, group in groups.items()}
+        maxima = {sid: instance_max_normalizer(same, config=self.config) for sid, same in groups.items()}
         return [maxima[e.sample_id] for e in episodes]

@@ -30,8 +30,6 @@ from typing import Any
 from optima_env.episode_scorer import EpisodeScorer
 from optima_env.errors import PluginError
 from optima_env.io import read_episodes, write_episodes
-from optima_env.readability import score_turns
-from optima_env.reward import instance_max_normalizer
 from optima_env.rollout import RolloutJob, make_jobs
 from optima_env.types import Episode
 from optima_trainers.config.train import TrainConfig
@@ -100,23 +98,8 @@ def _score(ctx: GenerationContext, episodes: list[Episode], positions: list[int]
     """The episodes at ``positions`` scored with the run's reward and fired as scored, in order:
     their turns' readability from this process's scorer in one call (as one process scores every
     turn of a stage), each instance's token normalizer the max over all its ``episodes``."""
-    reward = ctx.config.reward
-    mine = [episodes[p] for p in positions]
-    losses = score_turns(ctx.readability(), [t.text for e in mine for t in e.turns])
-    groups: dict[str, list[Episode]] = {}
-    for episode in episodes:
-        groups.setdefault(episode.sample_id, []).append(episode)
-    scored, at = [], 0
-    for episode in mine:
-        own, at = losses[at : at + len(episode.turns)], at + len(episode.turns)
-        scorer = EpisodeScorer(
-            reward,
-            readability=lambda texts, own=own: own,  # this episode's turns, scored above
-            normalizer=instance_max_normalizer(groups[episode.sample_id], config=reward),
-            on_scored=ctx.on_scored,
-        )
-        scored += scorer.score([episode])
-    return scored
+    scorer = EpisodeScorer(ctx.config.reward, readability=ctx.readability(), on_scored=ctx.on_scored)
+    return scorer.score([episodes[p] for p in positions], group=episodes)
 
 
 def read_sample_stage(folder: Path) -> tuple[list[Episode], list[Episode], dict[str, float]]:

@@ -28,7 +28,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,6 @@ __all__ = [
     "read_json",
     "read_stage_result",
     "wait_for",
-    "wait_for_all",
 ]
 
 _RESULT_FIELDS = {"model": str, "cursor_end": int, "metrics": dict}
@@ -351,9 +350,3 @@ def wait_for(path: Path, *alternatives: Path, poll_s: float = 1.0) -> Path:
     while not path.exists() and not any(a.exists() for a in alternatives):
         time.sleep(poll_s)
     return path
-
-
-def wait_for_all(paths: Sequence[Path], *, poll_s: float = 1.0) -> None:
-    """Block until every one of ``paths`` exists (the other ranks' ``.done`` markers)."""
-    while not all(p.exists() for p in paths):
-        time.sleep(poll_s)

@@ -26,6 +26,17 @@ def test_group_normalizer_is_each_instances_max_and_equals_score_group() -> None
     assert [scored[0].reward, scored[2].reward] == [e.reward for e in score_group(a, config=CONFIG)]
 
 
+def test_a_shard_scored_against_the_whole_group_gets_the_normalizers_of_scoring_everything() -> None:
+    a = [episode(["hi"], tokens=[40], sample_id="a"), episode(["x"], tokens=[90], sample_id="a")]
+    b = [episode(["hello there"], tokens=[50], sample_id="b")]
+    everything = EpisodeScorer(CONFIG, readability=losses_by_length).score([*a, *b])
+    shard = EpisodeScorer(CONFIG, readability=losses_by_length).score([a[0], b[0]], group=[*a, *b])
+    assert shard == [everything[0], everything[2]]  # a[0]'s normalizer is 90, from a[1] on another shard
+    assert shard[0].reward.normalizer == 90.0
+    with pytest.raises(ScoringError, match="normalizer='group'"):
+        EpisodeScorer(CONFIG, normalizer=50.0).score([a[0]], group=a)
+
+
 def test_readability_sets_lm_loss_as_the_max_turn_loss_and_feeds_the_reward() -> None:
     e = episode(["Alice: short", "Bob: a much longer turn"], lm_loss=None)
     (scored,) = EpisodeScorer(CONFIG, readability=losses_by_length, normalizer=100.0).score([e])
