@@ -23,6 +23,7 @@ __all__ = [
     "SYSTEM_MODES",
     "TransformersLMLoss",
     "budget_batches",
+    "encode_turns",
     "episode_lm_losses",
     "optima_register_readability_scorers",
     "turn_template",
@@ -110,6 +111,36 @@ def budget_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list[i
     return groups
 
 
+def encode_turns(
+    tokenizer: Any, texts: Sequence[str], template: tuple[str, str, str], *, max_length: int
+) -> list[tuple[list[int], list[int]]]:
+    """Each turn's token ids and the positions of its scored tokens (its content and the scored
+    suffix of ``template``, :func:`turn_template`), truncated on the right at ``max_length``
+    tokens: the tokens every scorer scores (:class:`TransformersLMLoss`, the vLLM engine's own
+    :class:`~optima_env.backends.vllm_lora.EngineLMLoss`)."""
+    prefix, suffix_scored, suffix_rest = template
+    contents = [t.strip() for t in texts]
+    enc = tokenizer(
+        [prefix + c + suffix_scored + suffix_rest for c in contents],
+        truncation=True,
+        max_length=max_length,
+        add_special_tokens=False,
+        return_offsets_mapping=True,
+    )
+    start = len(prefix)
+    out = []
+    for n, (ids, offsets, content) in enumerate(zip(enc["input_ids"], enc["offset_mapping"], contents)):
+        end = start + len(content) + len(suffix_scored)
+        scored = [j for j, (lo, _) in enumerate(offsets) if j > 0 and start <= lo < end]
+        if not scored:
+            raise ScoringError(
+                f"turn {n} has no content tokens to score (empty after the chat template, or "
+                f"max_length={max_length} too short for its template prefix): raise max_length"
+            )
+        out.append((list(ids), scored))
+    return out
+
+
 class TransformersLMLoss:
     """Per-turn mean LM loss under a frozen causal LM, in batches of at most ``max_batch_tokens``.
 
@@ -190,27 +221,8 @@ class TransformersLMLoss:
 
     def _encode(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
         """Each text's token ids and the positions of its scored tokens (content + end marker)."""
-        contents = [t.strip() for t in texts]
-        full = [self._prefix + c + self._suffix_scored + self._suffix_rest for c in contents]
-        enc = self.tokenizer(
-            full,
-            truncation=True,
-            max_length=self.max_length,
-            add_special_tokens=False,
-            return_offsets_mapping=True,
-        )
-        start = len(self._prefix)
-        out = []
-        for n, (ids, offsets, content) in enumerate(zip(enc["input_ids"], enc["offset_mapping"], contents)):
-            end = start + len(content) + len(self._suffix_scored)
-            scored = [j for j, (lo, _) in enumerate(offsets) if j > 0 and start <= lo < end]
-            if not scored:
-                raise ScoringError(
-                    f"turn {n} has no content tokens to score (empty after the chat template, or "
-                    f"max_length={self.max_length} too short for its template prefix): raise max_length"
-                )
-            out.append((list(ids), scored))
-        return out
+        template = (self._prefix, self._suffix_scored, self._suffix_rest)
+        return encode_turns(self.tokenizer, texts, template, max_length=self.max_length)
 
     def _batch(self, turns: list[tuple[list[int], list[int]]]) -> list[float]:
         torch = require("torch", "train")

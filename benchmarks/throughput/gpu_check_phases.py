@@ -296,7 +296,9 @@ class Check:
         torch = self.torch
         config = json.loads((self.model_dir / "config.json").read_text(encoding="utf-8"))
         total = torch.cuda.mem_get_info()[1] if self.rec.cuda else None
-        plan_config = self.config.replace(trainer="idpo", **{"generation.backend": "vllm"})
+        plan_config = self.config.replace(  # the tree phase checks the scorer beside the engine
+            trainer="idpo", **{"generation.backend": "vllm", "generation.vllm_weights": "in_place"}
+        )
         fitted = plan_memory(plan_config, ModelShape.from_config(config), total or 80e9).max_utilization
         record.update(default_utilization=self.utilization, planned_utilization=fitted)
         for name, utilization in (("default", self.utilization), ("planned", fitted)):

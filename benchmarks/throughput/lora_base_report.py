@@ -40,8 +40,8 @@ def memory_arithmetic(
 
     shape = ModelShape.from_config({**SHAPES["llama3-8b"], "vocab_size": PLANS["llama3-8b"].vocab,
                                     "max_position_embeddings": 8192})  # fmt: skip
-    config = resolve_config("ie/hotpotqa-v0", "idpo", profile="paper", device="cuda",
-                            overrides={"generation.backend": "vllm"})  # fmt: skip
+    in_place = {"generation.backend": "vllm", "generation.vllm_weights": "in_place"}  # the scorer's design
+    config = resolve_config("ie/hotpotqa-v0", "idpo", profile="paper", device="cuda", overrides=in_place)
     weights, rank = shape.params * 2 / GB, config.sft.lora_r
     turn = config.generation.max_new_tokens  # the longest scored turn
     logits = turn * shape.vocab * LOGIT_BYTES / GB

@@ -18,6 +18,8 @@ Their parts:
   :class:`~optima_env.policy.TurnEngine`); :mod:`optima_env.backends._kv`: its KV-cache machinery;
   :mod:`optima_env.backends._tokens`: its per-token helpers (sampling, stop strings).
 * :mod:`optima_env.backends.vllm_turns`: vLLM's engine as a :class:`~optima_env.policy.TurnEngine`.
+* :mod:`optima_env.backends.vllm_lora`: vLLM's engine as base + adapters (a stage's LoRA adapter
+  at run time, readability from the base's ``prompt_logprobs``).
 * :mod:`optima_env.backends.keyed`: per-request sampling off the fast path;
   :mod:`optima_env.backends.loading`: :func:`~optima_env.backends.loading.load_policy`;
   :mod:`optima_env.backends.peft_adapter`: LoRA adapter folders.

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from optima_env.backends.hf import render_prompt
+from optima_env.backends.vllm_lora import VLLMAdapters
 from optima_env.backends.vllm_turns import VLLMTurns
 from optima_env.errors import BackendError, TaskContractError, require
 from optima_env.policy import GenerationRequest, SamplingParams, finish_reply, request_seed
@@ -78,9 +79,11 @@ def use_spawn() -> None:
         )
 
 
-class VLLMPolicy(VLLMTurns):
+class VLLMPolicy(VLLMAdapters, VLLMTurns):
     """A :class:`~optima_env.policy.ChatPolicy` and :class:`~optima_env.policy.TurnEngine` over a
-    ``vllm.LLM`` engine.
+    ``vllm.LLM`` engine; started with LoRA (:func:`~optima_env.backends.vllm_lora.lora_engine_options`)
+    it also generates with an adapter on the base (:meth:`use_adapter`) and scores readability
+    with the base (:meth:`readability_scorer`, :mod:`optima_env.backends.vllm_lora`).
 
     Args:
         llm: a started ``vllm.LLM``.
@@ -102,6 +105,7 @@ class VLLMPolicy(VLLMTurns):
         self.seeded_token_budget: int | None = budget if current_platform.is_cpu() else None
         """On CPUs, seeded batches are split so each fits one scheduler step (see :meth:`generate`)."""
         self._init_turns()
+        self._init_adapters()
 
     # size: vLLM's engine options (tensor/data parallel, memory, dtype, ...), mirrored as keyword arguments
     @classmethod
@@ -280,7 +284,10 @@ class VLLMPolicy(VLLMTurns):
             outputs = []
             for group in groups:
                 outputs += self.llm.generate(
-                    [prompts[i] for i in group], [params[i] for i in group], use_tqdm=False
+                    [prompts[i] for i in group],
+                    [params[i] for i in group],
+                    use_tqdm=False,
+                    lora_request=self._lora_request(),
                 )
         except Exception as exc:
             raise BackendError(
@@ -315,6 +322,7 @@ class VLLMPolicy(VLLMTurns):
     def close(self) -> None:
         """Stop the engine and its worker processes (pending submitted requests are forgotten)."""
         self._pending.clear()
+        self._close_adapters()
         core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
         if core is not None:
             try:

@@ -18,6 +18,12 @@ Counters, for benchmarks (they only count requests that went through ``submit``/
   and stop-string tokens included; a request aborted after a failure is not counted);
 * :attr:`VLLMTurns.slot_utilization`: ``generated_tokens / (capacity * steps)``, the share of the
   engine's batch slots that decoded a token of a reply.
+
+Other work can join the same running batch without disturbing the turns: :meth:`VLLMTurns._run_beside`
+adds its own requests (the engine's readability scoring,
+:class:`~optima_env.backends.vllm_lora.EngineLMLoss`, during a tree stage's growth) and steps the
+engine until they are done; turns that finish meanwhile are kept for the next :meth:`~VLLMTurns.poll`.
+Every request carries the policy's active LoRA adapter, if any (:meth:`_lora_request`).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 _REQUEST_PREFIX = "optima-turn-"
 """Our request ids in the engine; ``LLM.generate`` numbers its own "0", "1", ..., so they never meet."""
+_BESIDE_PREFIX = "optima-beside-"
+"""The ids of :meth:`VLLMTurns._run_beside`'s requests."""
 
 
 class VLLMTurns:
@@ -55,11 +63,14 @@ class VLLMTurns:
     llm: Any
     seeded_token_budget: int | None
     _engine_input: Callable[[GenerationRequest, SamplingParams], tuple[Any, Any]]
+    _lora_request: Callable[[], Any]
 
     def _init_turns(self) -> None:
         self._pending: dict[str, tuple[int, GenerationRequest, SamplingParams]] = {}
         """Engine request id -> (ticket, request, sampling) of every submitted, unreturned request."""
         self._ids = itertools.count()
+        self._finished: list[tuple[int, str]] = []
+        """Turns that finished while :meth:`_run_beside` stepped the engine, for the next :meth:`poll`."""
         self._failure: BaseException | None = None
         """An error of ``add_request``, raised by the next :meth:`poll` (the contract's one place)."""
         self.steps = 0
@@ -80,7 +91,7 @@ class VLLMTurns:
     @property
     def pending(self) -> int:
         """Requests submitted and not yet returned by :meth:`poll`."""
-        return len(self._pending)
+        return len(self._pending) + len(self._finished)
 
     def submit(self, ticket: int, request: GenerationRequest, sampling: SamplingParams) -> None:
         """Add ``request`` to the engine now, under ``ticket``; vLLM schedules it with its next step."""
@@ -109,7 +120,7 @@ class VLLMTurns:
             try:
                 engine = self.llm.llm_engine
                 (rendered,) = engine.renderer.render_cmpl([prompt])  # as LLM.generate renders its prompts
-                engine.add_request(request_id, rendered, params)
+                engine.add_request(request_id, rendered, params, lora_request=self._lora_request())
             except Exception as exc:  # e.g. a prompt longer than max_model_len: raised by poll
                 self._failure = exc
         self._pending[request_id] = (ticket, request, sampling)
@@ -121,6 +132,9 @@ class VLLMTurns:
             BackendError: the engine failed (or refused a submitted request); every pending request
                 is then aborted in the engine and forgotten.
         """
+        if self._finished:  # finished while other requests ran beside them
+            finished, self._finished = self._finished, []
+            return finished
         if not self._pending:
             return []
         engine = self.llm.llm_engine
@@ -131,16 +145,7 @@ class VLLMTurns:
             while not done:
                 if not engine.has_unfinished_requests():  # pragma: no cover - vLLM returns every request
                     raise RuntimeError(f"the engine holds none of the {len(self._pending)} pending requests")
-                outputs = engine.step()
-                self.steps += 1
-                for output in outputs:
-                    entry = self._pending.pop(output.request_id, None) if output.finished else None
-                    if entry is None:  # pragma: no cover - only our requests run while any is pending
-                        continue
-                    ticket, request, sampling = entry
-                    completion = output.outputs[0]
-                    self.generated_tokens += len(completion.token_ids)
-                    done.append((ticket, finish_reply(request.prefix, completion.text, sampling.stop)))
+                done += self._collect(engine.step())
         except Exception as exc:
             pending = len(self._pending)
             self.abort()
@@ -150,8 +155,60 @@ class VLLMTurns:
             ) from exc
         return done
 
+    def _collect(self, outputs: list[Any]) -> list[tuple[int, str]]:
+        """The ``(ticket, reply)`` of each submitted turn that finished in one engine step's
+        ``outputs`` (counted in :attr:`steps` and :attr:`generated_tokens`)."""
+        self.steps += 1
+        done = []
+        for output in outputs:
+            entry = self._pending.pop(output.request_id, None) if output.finished else None
+            if entry is None:  # another request's output (:meth:`_run_beside`), or not finished
+                continue
+            ticket, request, sampling = entry
+            completion = output.outputs[0]
+            self.generated_tokens += len(completion.token_ids)
+            done.append((ticket, finish_reply(request.prefix, completion.text, sampling.stop)))
+        return done
+
+    def _run_beside(self, prompts: list[Any], params: Any, lora_request: Any) -> list[Any]:
+        """Run ``prompts`` (vLLM prompts, one ``params`` for all) in the engine beside the pending
+        turns, stepping it until every one is done; their ``RequestOutput``s in order. Turns that
+        finish meanwhile wait in :attr:`_finished` for the next :meth:`poll` (they are not
+        aborted); an engine failure aborts everything, as in :meth:`poll`."""
+        from vllm.sampling_params import RequestOutputKind
+
+        if self.llm is None:
+            raise TaskContractError("this VLLMPolicy is closed; start a new one to score with it")
+        engine = self.llm.llm_engine
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        ids = [f"{_BESIDE_PREFIX}{next(self._ids)}" for _ in prompts]
+        results: dict[str, Any] = {}
+        try:
+            for request_id, rendered in zip(ids, engine.renderer.render_cmpl(prompts)):
+                engine.add_request(request_id, rendered, params, lora_request=lora_request)
+            while len(results) < len(ids):
+                if not engine.has_unfinished_requests():  # pragma: no cover - vLLM returns every request
+                    raise RuntimeError(f"the engine holds none of the {len(ids) - len(results)} requests")
+                outputs = engine.step()
+                results.update((o.request_id, o) for o in outputs if o.request_id in ids and o.finished)
+                if self._pending:
+                    self._finished += self._collect(outputs)
+        except Exception as exc:
+            left = [i for i in ids if i not in results]
+            pending = len(self._pending)
+            self.abort()
+            if left:
+                engine.abort_request(left)
+            raise BackendError(
+                f"vLLM failed on {len(ids)} requests run beside {pending} submitted turns "
+                f"({type(exc).__name__}: {exc}); the turns were aborted in the engine: resubmit the "
+                "ones to replay"
+            ) from exc
+        return [results[i] for i in ids]
+
     def abort(self) -> None:
         """Abort every pending request in the engine and forget it (for a caller that stops polling early)."""
+        self._finished = []
         ids, self._pending, self._failure = list(self._pending), {}, None
         if ids and self.llm is not None:
             try:
@@ -161,11 +218,11 @@ class VLLMTurns:
 
     def _drop_pending(self, action: str) -> None:
         """Abort the submitted requests still pending before ``action``, saying so."""
-        if self._pending:
+        if self._pending or self._finished:
             logger.warning(
                 "VLLMPolicy: aborting %d submitted requests still pending in the engine, to %s (poll() "
                 "until they have returned, or abort() them, to keep this quiet)",
-                len(self._pending),
+                self.pending,
                 action,
             )
             self.abort()

