@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from optima_env.configtree import ConfigError
 from optima_env.errors import DataError
@@ -192,6 +192,30 @@ def resumable_rollout(
     return [done[k] if k in done else reused[k] for k in keys]
 
 
+@overload
+def stage_rollout(
+    ctx: GenerationContext,
+    name: str,
+    jobs: list[RolloutJob],
+    *,
+    sampling: SamplingParams,
+    diverse: bool = ...,
+    policy: ChatPolicy | None = ...,
+    everyone: Literal[True],
+    what: str = ...,
+) -> list[Episode]: ...
+@overload
+def stage_rollout(
+    ctx: GenerationContext,
+    name: str,
+    jobs: list[RolloutJob],
+    *,
+    sampling: SamplingParams,
+    diverse: bool = ...,
+    policy: ChatPolicy | None = ...,
+    everyone: Literal[False] = ...,
+    what: str = ...,
+) -> list[Episode] | None: ...
 def stage_rollout(
     ctx: GenerationContext,
     name: str,

@@ -82,7 +82,7 @@ def _generate(ctx: GenerationContext, jobs: list[RolloutJob], *, init: bool) -> 
     need each instance's samples), the shard files left for :func:`generate_sample_stage`."""
     task, gen = ctx.task, ctx.config.generation
     diverse = init and gen.diverse_init and task.num_formats > 0
-    episodes = stage_rollout(
+    return stage_rollout(
         ctx,
         "episodes.jsonl",
         jobs,
@@ -90,8 +90,6 @@ def _generate(ctx: GenerationContext, jobs: list[RolloutJob], *, init: bool) -> 
         diverse=diverse,
         everyone=True,
     )
-    assert episodes is not None  # everyone: every rank gets them
-    return episodes
 
 
 def _score(ctx: GenerationContext, episodes: list[Episode], positions: list[int]) -> list[Episode]:

@@ -127,7 +127,7 @@ def _normalizer_phase(ctx: GenerationContext, policy: ChatPolicy, indices: list[
     if tree_cfg.normalizer != "percentile":
         return None
     return token_normalizer(
-        episodes or [], percentile=tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding
+        episodes, percentile=tree_cfg.normalizer_percentile, rounding=tree_cfg.normalizer_rounding
     )
 
 
