@@ -43,7 +43,8 @@ and at least as fast as vLLM; on the EOS workload, the turns driver's slot utili
 90%, its tokens/s at least 1.5x the batch driver's on the same engine and batch, and the
 data-parallel processes at least 1.8x one.
 Results go to ``out_dir``: ``phase_<name>.json`` (one per phase, reused when the run is repeated
-with the same settings), ``results.json``, ``results.md`` and ``throughput.png``.
+with the same settings and, for the phases that run the transformers engine, the same engine:
+:func:`engine_key`), ``results.json``, ``results.md`` and ``throughput.png``.
 
 Usage::
 
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import subprocess
@@ -81,7 +83,15 @@ from optima_env.errors import RunConfigError
 from optima_env.io import write_json_atomic, write_text_atomic
 from optima_env.paths import check_model_flag, check_output_folder, folder_lock
 
-__all__ = ["PHASES", "SuiteConfig", "build_parser", "main", "run_rollout_suite"]
+__all__ = [
+    "ENGINE_SOURCES",
+    "PHASES",
+    "SuiteConfig",
+    "build_parser",
+    "engine_key",
+    "main",
+    "run_rollout_suite",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,7 +187,10 @@ def _run_phase(name: str, cfg: SuiteConfig, result_path: Path) -> None:
 
     own_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     result["peak_rss_gb"] = max(peak[0], own_peak) / 2**30
-    write_json_atomic(result_path, {"phase": name, "config": dataclasses.asdict(cfg), "result": result})
+    saved = {"phase": name, "config": dataclasses.asdict(cfg), "result": result}
+    if _uses_engine(name):
+        saved["engine"] = engine_key(cfg.precision)
+    write_json_atomic(result_path, saved)
 
 
 # -- the suite ------------------------------------------------------------------------------------
@@ -195,7 +208,8 @@ def run_rollout_suite(
     phases: tuple[str, ...] = PHASES,
     **config: Any,
 ) -> dict[str, Any]:
-    """Run the phases (each in a subprocess; saved phases with equal settings are reused).
+    """Run the phases (each in a subprocess; saved phases with equal settings, and an equal
+    :func:`engine_key` where they run the transformers engine, are reused).
 
     Returns the results dict also written to ``out_dir/results.json`` (the table is in
     ``results.md``). Extra keyword arguments are :class:`SuiteConfig` fields.
@@ -216,10 +230,15 @@ def run_rollout_suite(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, Any]] = {}
+    engine = engine_key(cfg.precision) if any(map(_uses_engine, phases)) else None
     for name in phases:
         path = out / f"phase_{name}.json"
         saved = json.loads(path.read_text()) if path.exists() else None
-        if saved is None or _read_by(name, saved.get("config")) != _read_by(name, dataclasses.asdict(cfg)):
+        if (
+            saved is None
+            or _read_by(name, saved.get("config")) != _read_by(name, dataclasses.asdict(cfg))
+            or (_uses_engine(name) and saved.get("engine") != engine)
+        ):
             print(f"[rollout bench] phase {name} ...", file=sys.stderr, flush=True)
             env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
             module = "benchmarks.throughput.rollout_bench"
@@ -234,6 +253,32 @@ def run_rollout_suite(
     plot(out / "throughput.png", summary)
     print(summary["table"])
     return summary
+
+
+ENGINE_SOURCES = ("hf.py", "hf_stream.py", "_kv.py", "precision.py", "_tokens.py")
+"""The transformers engine's source files (in :mod:`optima_env.backends`), hashed into :func:`engine_key`."""
+
+
+def engine_key(precision: str) -> dict[str, Any]:
+    """What a saved phase that runs the transformers engine was measured on, besides the settings:
+    the engine record of the suite's ``precision`` on this machine (resolved precision, sampler,
+    mixed-decode version: :func:`~optima_env.backends.precision.engine_record`) and the sha256 of
+    :data:`ENGINE_SOURCES`. A phase saved under another key runs again, so that a change to the
+    engine's code is measured, not read back from a result of the code before."""
+    from optima_env.backends import precision as engine_precision
+
+    resolved = engine_precision.resolve_precision(precision)
+    record = engine_precision.engine_record(resolved, "cdf", mixed=resolved != "float32")
+    digest = hashlib.sha256()
+    folder = Path(engine_precision.__file__).parent
+    for name in ENGINE_SOURCES:
+        digest.update(name.encode() + b"\0" + (folder / name).read_bytes())
+    return {"record": record, "sources": digest.hexdigest()}
+
+
+def _uses_engine(name: str) -> bool:
+    """Whether phase ``name`` runs the transformers engine's code (all but the GEMM limit and vLLM's)."""
+    return name != "gemm" and "vllm" not in name
 
 
 def _read_by(name: str, config: Any) -> Any:

@@ -8,8 +8,9 @@ part of the work the engine counted (:class:`~optima_env.backends.hf.DecodeStats
 measured here, for the engine's own precision, sampler and torch threads:
 
 * **decode GEMMs**: every linear layer of the real model, the LM head included (its weights, in
-  model order, in the engine's precision: bf16 copies where it decodes in bf16), fed a batch of the
-  engine's mean decode batch, once per decode forward pass;
+  model order, in the engine's precision: where it decodes in bf16, its bf16 copies through its own
+  matmul, oneDNN-packed where it packs them), fed a batch of the engine's mean decode batch, once
+  per decode forward pass;
 * **prefill GEMMs**: the same layers but the LM head (prefill keeps one row of logits) on 256
   tokens at once, per prefilled token;
 * **attention**: the KV columns the rows' masks allow (padding left out), in the engine's KV dtype
@@ -54,7 +55,9 @@ def _best(fn: Any, trials: int = 5, least_s: float = 0.05) -> float:
 
 
 def _gemm_seconds(model: Any, precision: str, batch: int, *, lm_head: bool) -> float:
-    """Seconds of every linear layer of ``model`` in model order on ``batch`` rows, in ``precision``."""
+    """Seconds of every linear layer of ``model`` in model order on ``batch`` rows, in ``precision``
+    (bf16: the engine's own path, :meth:`~optima_env.backends.precision.Bf16Linears.forward_of`,
+    the input cast at each layer and the output cast back)."""
     import torch
 
     from optima_env.backends.precision import Bf16Linears
@@ -65,14 +68,12 @@ def _gemm_seconds(model: Any, precision: str, batch: int, *, lm_head: bool) -> f
     for module in model.modules():
         if not isinstance(module, torch.nn.Linear) or (module is head and not lm_head):
             continue
-        weight, bias = module.weight, module.bias
-        if precision == "bfloat16":
-            weight, bias = linears.weights(module)
-        layers.append((weight, bias, torch.randn(batch, module.in_features)))
+        forward = module.forward if precision == "float32" else linears.forward_of(module)
+        layers.append((forward, torch.randn(batch, module.in_features)))
 
     def run() -> None:
-        for weight, bias, x in layers:
-            torch.nn.functional.linear(x.to(weight.dtype), weight, bias).to(torch.float32)
+        for forward, x in layers:
+            forward(x)
 
     return _best(run)
 

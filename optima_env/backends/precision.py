@@ -121,29 +121,88 @@ def recorded_engine(metadata: Any, *, greedy: bool) -> dict[str, str]:
     return engine_record(LEGACY_ENGINE["precision"], LEGACY_ENGINE["sampler"], greedy=greedy)
 
 
-def _linear_bf16(weight: Any, bias: Any, x: Any) -> Any:
+_PACK_ROWS = 32
+"""Batch rows oneDNN is told to expect when it lays out a bf16 weight (:func:`_packed`): a decode
+batch. On this project's CPU, 4 and 32 gave the layout of its plain bf16 matmul (the same results
+at 1 to 512 rows with one thread, up to 256 with two: :data:`_PROBE_ROWS`); 1 gave another, whose
+results differ from 33 rows on."""
+
+_PROBE_ROWS = (1, 7, 64, 256)
+"""Input rows at which a packed weight's results are checked against ``F.linear``'s (:func:`_packed`);
+the packed weight computes inputs of at most the last of them, ``F.linear`` larger ones (with 2
+threads, ``F.linear`` switched kernels between 256 and 480 rows)."""
+
+
+def _linear_bf16(matmul: Any, weight: Any, bias: Any, x: Any) -> Any:
     import torch
 
-    return torch.nn.functional.linear(x.to(torch.bfloat16), weight, bias).to(x.dtype)
+    return matmul(x.to(torch.bfloat16), weight, bias).to(x.dtype)
 
 
-def _head_bf16(head: Any, weight: Any, bias: Any, exact_top: int, x: Any) -> Any:
+class _Onednn:
+    """``F.linear`` of one bf16 weight: over its :func:`_packed` twin for inputs of at most
+    ``_PROBE_ROWS[-1]`` rows, over the plain weight beyond (where the two part ways)."""
+
+    def __init__(self, plain: Any, packed: Any) -> None:
+        self.plain, self.packed = plain, packed
+
+    def __call__(self, x: Any, weight: Any, bias: Any) -> Any:
+        import torch
+
+        if x.numel() > _PROBE_ROWS[-1] * x.shape[-1]:
+            return torch.nn.functional.linear(x, self.plain, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [None], "")
+
+
+def _packed(weight: Any, bias: Any) -> Any:
+    """An :class:`_Onednn` over ``weight`` (bf16, on CPU) laid out once in oneDNN's blocked format
+    for its bf16 matmul, or None where this torch cannot, or where the packed weight's results
+    differ from ``F.linear``'s by a bit at any of :data:`_PROBE_ROWS` rows (with this process's
+    torch threads: the copies are remade when they change, :class:`Bf16Linears`).
+
+    Why: ``F.linear`` in bf16 gives oneDNN the plain weight at every call; packed once into the
+    layout its kernel reads, the model's linear layers run a decode step at small batches
+    markedly faster on this project's CPU (the rollout suite's ``floor`` phase times the path the
+    engine takes). The layout is the one oneDNN's matmul uses for the plain weight, so
+    the results are the same bit for bit (checked here, so that a build that lays out otherwise
+    keeps ``F.linear``).
+    """
+    import torch
+
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        matmul = _Onednn(weight, torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS))
+        generator = torch.Generator().manual_seed(0)
+        for rows in _PROBE_ROWS:
+            x = torch.randn(rows, weight.shape[1], generator=generator).to(torch.bfloat16)
+            if not torch.equal(matmul(x, weight, bias), torch.nn.functional.linear(x, weight, bias)):
+                return None
+    except (AttributeError, RuntimeError, NotImplementedError):  # no such op or layout in this torch
+        return None
+    return matmul
+
+
+def _head_bf16(head: Any, matmul: Any, weight: Any, bias: Any, exact_top: int, x: Any) -> Any:
     """The LM head's logits in bf16, then every logit of a row at least its ``exact_top``-th largest
     recomputed in fp32 from ``head``'s own weights (the tokens that hold nearly all of a row's mass
     come out as the fp32 head gives them; the tail keeps bf16's error). The set is chosen by value,
-    ties included, not by how ``topk`` breaks ties."""
+    ties included, not by how ``topk`` breaks ties. ``x`` is taken as rows (a prefill's last
+    positions are a strided view, which ``F.linear`` would run as a batched matmul over a copy of
+    the whole weight)."""
     import torch
 
-    logits = torch.nn.functional.linear(x.to(torch.bfloat16), weight, bias).to(x.dtype)
+    rows = x.reshape(-1, x.shape[-1])
+    flat = matmul(rows.to(torch.bfloat16), weight, bias).to(x.dtype)
+    logits = flat.view(*x.shape[:-1], flat.shape[-1])
     if exact_top <= 0:
         return logits
-    flat = logits.view(-1, logits.shape[-1])
     kth = flat.topk(min(exact_top, flat.shape[-1]), dim=-1).values[:, -1:]
-    rows, tokens = (flat >= kth).nonzero(as_tuple=True)
-    exact = (x.reshape(-1, x.shape[-1])[rows] * head.weight[tokens]).sum(-1)
+    index, tokens = (flat >= kth).nonzero(as_tuple=True)
+    exact = (rows[index] * head.weight[tokens]).sum(-1)
     if head.bias is not None:
         exact = exact + head.bias[tokens]
-    flat[rows, tokens] = exact.to(flat.dtype)
+    flat[index, tokens] = exact.to(flat.dtype)
     return logits
 
 
@@ -151,29 +210,39 @@ class Bf16Linears:
     """bf16 copies of a model's fp32 linear weights, and a context that decodes through them.
 
     The LM head computes in bf16 too, its ``exact_top`` largest logits per row recomputed in fp32
-    (0: none); ``lm_head=False`` keeps it in fp32, for :func:`fidelity`'s parts of the engine.
+    (0: none); ``lm_head=False`` keeps it in fp32, for :func:`fidelity`'s parts of the engine. The
+    copies are packed for oneDNN where that gives ``F.linear``'s results (:func:`_packed`).
     """
 
     def __init__(self, model: Any, *, lm_head: bool = True, exact_top: int = EXACT_TOP) -> None:
         self.model = model
-        self._copies: dict[Any, tuple[tuple[int, int, int], Any, Any]] = {}
+        self._copies: dict[Any, tuple[tuple[int, ...], Any, Any, Any]] = {}
         self._head = model.get_output_embeddings()
         self._lm_head = lm_head
         self.exact_top = exact_top
 
-    def weights(self, module: Any) -> tuple[Any, Any]:
-        """``(weight, bias)`` of ``module`` in bf16: the held copies, remade when its weight changed."""
+    def _copy(self, module: Any) -> tuple[Any, Any, Any]:
+        """``(matmul, weight, bias)`` of ``module`` in bf16: the held copies, remade when its
+        weight or torch's thread count changed; ``matmul(x, weight, bias)`` is ``F.linear`` or an
+        :class:`_Onednn` (which also holds the packed weight)."""
         import torch
 
         weight = module.weight
-        signature = (id(weight), weight._version, weight.data_ptr())
+        signature = (id(weight), weight._version, weight.data_ptr(), torch.get_num_threads())
         held = self._copies.get(module)
         if held is None or held[0] != signature:
             with torch.no_grad():
                 bias = None if module.bias is None else module.bias.detach().to(torch.bfloat16)
-                held = (signature, weight.detach().to(torch.bfloat16), bias)
+                plain = weight.detach().to(torch.bfloat16)
+                matmul = _packed(plain, bias) or torch.nn.functional.linear
+                held = (signature, matmul, plain, bias)
             self._copies[module] = held
-        return held[1], held[2]
+        return held[1], held[2], held[3]
+
+    def forward_of(self, module: Any) -> Any:
+        """What ``module`` (an fp32 ``nn.Linear`` other than the LM head) computes meanwhile
+        :meth:`active`: ``x`` (fp32) through its bf16 copy, the output cast back."""
+        return functools.partial(_linear_bf16, *self._copy(module))
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -187,12 +256,13 @@ class Bf16Linears:
                     continue
                 if module is self._head and not self._lm_head:
                     continue
-                weight, bias = self.weights(module)
                 patched.append((module, module.__dict__.get("forward")))
                 if module is self._head:
-                    module.forward = functools.partial(_head_bf16, module, weight, bias, self.exact_top)
+                    module.forward = functools.partial(
+                        _head_bf16, module, *self._copy(module), self.exact_top
+                    )
                 else:
-                    module.forward = functools.partial(_linear_bf16, weight, bias)
+                    module.forward = self.forward_of(module)
             yield
         finally:
             for module, previous in patched:
@@ -229,14 +299,17 @@ def fidelity(model: Any, sequences: Sequence[Sequence[int]], *, temperature: flo
 
     distances: dict[str, list[Any]] = {name: [] for name in FIDELITY_VARIANTS}
     agree: dict[str, list[Any]] = {name: [] for name in FIDELITY_VARIANTS}
+    engines = {
+        name: Bf16Linears(model, lm_head=variant["lm_head"], exact_top=variant["exact_top"])
+        for name, variant in FIDELITY_VARIANTS.items()
+    }
     with torch.inference_mode():
         for ids in sequences:
             batch = torch.tensor([list(ids)], dtype=torch.long, device=model.device)
             reference = model(input_ids=batch).logits[0].float()
             p = (reference / temperature).softmax(-1)
             for name, variant in FIDELITY_VARIANTS.items():
-                linears = Bf16Linears(model, lm_head=variant["lm_head"], exact_top=variant["exact_top"])
-                with linears.active():
+                with engines[name].active():
                     mixed = _engine_forward(model, batch, getattr(torch, variant["kv_cache"]))
                 q = (mixed / temperature).softmax(-1)
                 distances[name].append(0.5 * (p - q).abs().sum(-1))

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from benchmarks.throughput import rollout_phases
-from benchmarks.throughput.rollout_bench import SuiteConfig, run_rollout_suite
+from benchmarks.throughput.rollout_bench import ENGINE_SOURCES, SuiteConfig, engine_key, run_rollout_suite
 from benchmarks.throughput.rollout_drivers import EOS_FIELDS, eos_jobs
 from optima_env.io import write_json_atomic
 from tests.benchmarks.bench_helpers import assert_png
@@ -44,7 +44,12 @@ def test_help_runs_on_its_own() -> None:
 
 
 def saved_phase(name: str, cfg: SuiteConfig, **result) -> dict:
-    return {"phase": name, "config": dataclasses.asdict(cfg), "result": result}
+    return {
+        "phase": name,
+        "config": dataclasses.asdict(cfg),
+        "result": result,
+        "engine": engine_key(cfg.precision),
+    }
 
 
 def test_saved_phases_are_reused_and_ratios_come_from_them(tmp_path) -> None:
@@ -130,6 +135,39 @@ def test_a_phase_saved_with_other_settings_is_not_reused(tmp_path, monkeypatch) 
         run_rollout_suite(out_dir=tmp_path, phases=("naive",), **TINY)
     assert ran[0][1:6] == ["-m", "benchmarks.throughput.rollout_bench", "--phase", "naive", "--out"]
     assert ran[0][ran[0].index("--max-new-tokens") + 1] == "4"
+
+
+def test_a_phase_saved_by_other_engine_code_runs_again(tmp_path, monkeypatch) -> None:
+    """A phase that runs the transformers engine is reused only under the same engine record and
+    engine sources; the GEMM limit (no engine code) is reused whatever the engine."""
+    cfg = SuiteConfig(**TINY)
+    key = engine_key(cfg.precision)
+    assert len(key["sources"]) == 64 and key["record"]["sampler"] == "cdf"
+    assert "precision.py" in ENGINE_SOURCES and "hf_stream.py" in ENGINE_SOURCES
+    stale = {
+        "sources": {**key, "sources": "0" * 64},
+        "record": {**key, "record": {**key["record"], "mixed": 1}},
+    }
+    ran = []
+
+    class WouldRun(Exception):
+        pass
+
+    def fake_run(cmd, **kwargs):
+        ran.append(cmd[cmd.index("--phase") + 1])
+        raise WouldRun
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    gemm = dict(limits={"32": dict(tokens_per_s=100.0, gflops=27.0)}, params_per_token=1, backend="gemm")
+    write_json_atomic(tmp_path / "phase_gemm.json", {**saved_phase("gemm", cfg, **gemm), "engine": None})
+    for what, other in (*stale.items(), ("missing", None)):
+        saved = saved_phase("engine", cfg, tokens_per_s=1.0)
+        saved["engine"] = other
+        write_json_atomic(tmp_path / "phase_engine.json", saved)
+        with pytest.raises(WouldRun):
+            run_rollout_suite(out_dir=tmp_path, phases=("gemm", "engine"), **TINY)
+        assert ran.pop() == "engine", what  # gemm was read back
+    assert not ran
 
 
 def test_unknown_phases_are_rejected(tmp_path) -> None:
@@ -225,7 +263,10 @@ def test_the_eos_tables_come_from_saved_phases_and_leave_the_other_phases_saved(
     old = {k: v for k, v in dataclasses.asdict(SuiteConfig(**TINY)).items() if k not in EOS_FIELDS}
     # a phase saved before the EOS fields existed is still this run's
     naive = dict(batch=1, episodes=1, turns=2, tokens_per_s=2.0, tokens_per_cpu_s=1.0, episodes_per_s=0.1)
-    write_json_atomic(tmp_path / "phase_naive.json", {"phase": "naive", "config": old, "result": naive})
+    write_json_atomic(
+        tmp_path / "phase_naive.json",
+        {"phase": "naive", "config": old, "result": naive, "engine": engine_key(cfg.precision)},
+    )
     batch, turns = _driver_row(1000, 500, 20.0), _driver_row(1000, 270, 10.0)
     drivers = dict(backend="transformers fast path", batch=4, drivers={"batch": batch, "turns": turns},
                    turns_vs_batch_tokens_per_s=2.0, turns_vs_batch_tokens_per_cpu_s=2.0,

@@ -62,6 +62,32 @@ def test_bf16_linears_compute_in_bf16_and_leave_the_model_as_it_was(tiny) -> Non
     assert "forward" not in layer.__dict__
 
 
+def test_packed_bf16_weights_give_f_linear_results_bit_for_bit(tiny) -> None:
+    """Where this torch packs bf16 weights for oneDNN, every linear layer and the LM head give
+    ``F.linear``'s bf16 results at decode and prefill row counts, on strided inputs too (a
+    prefill's last positions)."""
+    from optima_env.backends.precision import _head_bf16, _Onednn
+
+    linears = Bf16Linears(tiny)
+    head = tiny.get_output_embeddings()
+    layers = [m for m in tiny.modules() if isinstance(m, torch.nn.Linear)]
+    if torch.backends.mkldnn.is_available() and precision.cpu_has_native_bf16():
+        assert all(isinstance(linears._copy(m)[0], _Onednn) for m in layers)  # packed: checked below
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for module in layers:
+            plain = module.weight.bfloat16()
+            for shape in ((1, 1), (4, 1), (3, 33), (1, 300)):
+                x = torch.randn(*shape, module.in_features, generator=generator)
+                if module is head:
+                    got = _head_bf16(head, *linears._copy(head), 0, x[:, -1:])
+                    expected = torch.nn.functional.linear(x[:, -1:].bfloat16(), plain).float()
+                else:
+                    got = linears.forward_of(module)(x)
+                    expected = torch.nn.functional.linear(x.bfloat16(), plain).float()
+                assert got.shape == expected.shape and torch.equal(got, expected)
+
+
 def test_bf16_copies_follow_a_weight_update(tokenizer) -> None:
     model = tiny_llama(tokenizer, tie_word_embeddings=False)
     linears = Bf16Linears(model)
