@@ -182,6 +182,7 @@ class VLLMTurns:
         engine = self.llm.llm_engine
         params.output_kind = RequestOutputKind.FINAL_ONLY
         ids = [f"{_BESIDE_PREFIX}{next(self._ids)}" for _ in prompts]
+        wanted = set(ids)
         results: dict[str, Any] = {}
         try:
             for request_id, rendered in zip(ids, engine.renderer.render_cmpl(prompts)):
@@ -190,7 +191,7 @@ class VLLMTurns:
                 if not engine.has_unfinished_requests():  # pragma: no cover - vLLM returns every request
                     raise RuntimeError(f"the engine holds none of the {len(ids) - len(results)} requests")
                 outputs = engine.step()
-                results.update((o.request_id, o) for o in outputs if o.request_id in ids and o.finished)
+                results.update((o.request_id, o) for o in outputs if o.request_id in wanted and o.finished)
                 if self._pending:
                     self._finished += self._collect(outputs)
         except Exception as exc:

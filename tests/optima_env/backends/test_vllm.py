@@ -13,6 +13,7 @@ from optima_env import make_task
 from optima_env.policy import SamplingParams
 from optima_env.rollout import make_jobs, rollout
 from tests.optima_env.backends.backend_contract import chat_requests, check_contract
+from tests.optima_env.backends.vllm_runs import RUN_SIZES, replay_stage
 
 pytestmark = pytest.mark.slow
 
@@ -152,12 +153,9 @@ def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_j
     pytest.importorskip("trl")
     from optima_env.backends.loading import load_policy
     from optima_env.backends.vllm import VLLMPolicy
-    from optima_env.io import read_episodes
-    from optima_env.registry import get_plugin_manager
     from optima_trainers import IterativeTrainer, RunDir, resolve_config
     from optima_trainers.generation import engines, stage
     from optima_trainers.run import memory
-    from optima_trainers.run.stages import stage_seed
 
     vllm_policy.close()  # the module's engine is done (this test runs last): free its memory
     started, scorers, wakes = [], [], []
@@ -171,15 +169,9 @@ def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_j
 
     monkeypatch.setattr(VLLMPolicy, "wake_up", spied_wake_up)
     monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
-    sizes = {"generation.backend": "vllm", "generation.vllm_gpu_memory_utilization": 0.2,
-             "generation.max_model_len": 1024, "generation.instances": 2, "generation.num_samples": 2,
-             "generation.max_turns": 2, "generation.max_new_tokens": 8, "generation.concurrency": 4,
-             "sft.max_steps": 1, "dpo.max_steps": 1, "selection.theta": -100.0,
-             "tree.normalizer_instances": 2, "tree.instances": 2, "tree.selections": 2, "tree.rollouts": 2,
-             "tree.theta_filter": -100.0, "tree.theta_diff": 0.0}  # fmt: skip
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     config = resolve_config("ie/synth-v0", "isft-dpo", profile="cpu", model=tiny_vllm_model,
-                            iterations=2, overrides=sizes)  # fmt: skip
+                            iterations=2, overrides=RUN_SIZES)  # fmt: skip
     run = tmp_path / "run"
     trainer = IterativeTrainer(config, run_dir=RunDir.create(config, run_dir=run), progress=False)
     trainer.run()
@@ -189,23 +181,8 @@ def test_a_vllm_run_keeps_one_engine_and_generates_each_stage_with_the_weights_j
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"  # set before it started
     assert len(wakes) == 3 and len(scorers) == 4  # each stage scored once, and dropped it before the wake
     assert all("scorer" not in alive for alive in wakes), wakes
-    stored = read_episodes(run / "iter_01_sft" / "episodes.jsonl")
-    fresh = load_policy(str(run / "iter_00_dpo" / "checkpoint"), backend="vllm", dtype="float32",
-                        max_model_len=1024, gpu_memory_utilization=0.2)  # fmt: skip
-    try:
-        gen, seed = config.generation, stage_seed(config.seed, "iter_01_sft")
-        replay = rollout(
-            trainer.task,
-            fresh,
-            jobs=make_jobs(sorted({e.metadata["job"][0] for e in stored}), gen.num_samples, seed),
-            sampling=SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_new_tokens=gen.max_new_tokens,
-                                    seed=seed, stop=gen.stops(trainer.task.agents)),
-            env_kwargs={**trainer.generation._env(fresh).kwargs(gen, split=trainer.config.split), "pm": get_plugin_manager()},
-            concurrency=gen.concurrency,
-            reset_options=lambda job: {"index": job.index % trainer.generation.num_train},
-        )  # fmt: skip
-    finally:
-        fresh.close()
+    stored, replay = replay_stage(trainer, run, "iter_01_sft", run / "iter_00_dpo" / "checkpoint")
+    gen = config.generation
     assert len(stored) == gen.instances * gen.num_samples
     assert sorted((e.sample_id, [t.text for t in e.turns]) for e in replay) == sorted(
         (e.sample_id, [t.text for t in e.turns]) for e in stored

@@ -9,6 +9,7 @@ import pytest
 
 from optima_env.policy import SamplingParams
 from tests.optima_env.backends.backend_contract import chat_requests
+from tests.optima_env.backends.vllm_runs import RUN_SIZES, replay_stage
 
 pytestmark = pytest.mark.slow
 
@@ -124,12 +125,9 @@ def test_an_adapters_run_keeps_the_base_in_one_engine_and_scores_with_it(
     from optima_env.backends.loading import load_policy
     from optima_env.backends.vllm import VLLMPolicy
     from optima_env.io import read_episodes
-    from optima_env.registry import get_plugin_manager
-    from optima_env.rollout import make_jobs, rollout
     from optima_trainers import IterativeTrainer, RunDir, resolve_config
     from optima_trainers.generation import engines, stage
     from optima_trainers.generation.servers import SERVER_LORA_SUFFIX
-    from optima_trainers.run.stages import stage_seed
 
     lora_policy.close()  # the module's engine is done (this test runs last): free its memory
     started, scorers, reloads = [], [], []
@@ -141,16 +139,15 @@ def test_an_adapters_run_keeps_the_base_in_one_engine_and_scores_with_it(
     monkeypatch.setattr(
         VLLMPolicy, "load_weights", lambda self, *a: reloads.append(a) or load_weights(self, *a)
     )
-    sizes = {"generation.backend": "vllm", "generation.vllm_weights": "adapters",
-             "generation.vllm_gpu_memory_utilization": 0.2, "generation.max_model_len": 1024,
-             "generation.instances": 2, "generation.num_samples": 2, "generation.max_turns": 2,
-             "generation.max_new_tokens": 8, "generation.concurrency": 4, "sft.max_steps": 1,
-             "dpo.max_steps": 1, "selection.theta": -100.0, "tree.normalizer_instances": 2,
-             "tree.instances": 2, "tree.selections": 2, "tree.rollouts": 2, "tree.theta_filter": -100.0,
-             "tree.theta_diff": 0.0}  # fmt: skip
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    config = resolve_config("ie/synth-v0", "isft-dpo", profile="cpu", model=tiny_vllm_model,
-                            iterations=2, overrides=sizes)  # fmt: skip
+    config = resolve_config(
+        "ie/synth-v0",
+        "isft-dpo",
+        profile="cpu",
+        model=tiny_vllm_model,
+        iterations=2,
+        overrides={**RUN_SIZES, "generation.vllm_weights": "adapters"},
+    )
     run = tmp_path / "run"
     trainer = IterativeTrainer(config, run_dir=RunDir.create(config, run_dir=run), progress=False)
     assert trainer.generation.loader.weights == "adapters"
@@ -163,25 +160,8 @@ def test_an_adapters_run_keeps_the_base_in_one_engine_and_scores_with_it(
     assert all(e.reward is not None for e in read_episodes(run / "iter_01_sft" / "scored.jsonl"))
     adapter = run / "iter_00_dpo" / f"checkpoint{SERVER_LORA_SUFFIX}"
     assert (adapter / "adapter_config.json").is_file()  # stage 3's policy: two stages stacked
-    stored = read_episodes(run / "iter_01_sft" / "episodes.jsonl")
-    fresh = load_policy(str(run / "iter_00_dpo" / "checkpoint"), backend="vllm", dtype="float32",
-                        max_model_len=1024, gpu_memory_utilization=0.2)  # fmt: skip
-    try:
-        gen, seed = config.generation, stage_seed(config.seed, "iter_01_sft")
-        env = trainer.generation._env(fresh).kwargs(gen, split=trainer.config.split)
-        replay = rollout(
-            trainer.task,
-            fresh,
-            jobs=make_jobs(sorted({e.metadata["job"][0] for e in stored}), gen.num_samples, seed),
-            sampling=SamplingParams(temperature=gen.temperature, top_p=gen.top_p,
-                                    max_new_tokens=gen.max_new_tokens, seed=seed,
-                                    stop=gen.stops(trainer.task.agents)),
-            env_kwargs={**env, "pm": get_plugin_manager()},
-            concurrency=gen.concurrency,
-            reset_options=lambda job: {"index": job.index % trainer.generation.num_train},
-        )  # fmt: skip
-    finally:
-        fresh.close()
+    stored, replay = replay_stage(trainer, run, "iter_01_sft", run / "iter_00_dpo" / "checkpoint")
+    gen = config.generation
     assert len(stored) == gen.instances * gen.num_samples
     assert sorted((e.sample_id, [t.text for t in e.turns]) for e in replay) == sorted(
         (e.sample_id, [t.text for t in e.turns]) for e in stored
