@@ -254,3 +254,28 @@ def test_prefill_chunks_hold_their_positions_and_give_the_unchunked_logits(tiny,
     assert policy.stats.forward_passes > 2  # the second prefill ran in chunks
     assert torch.allclose(whole, chunked, atol=1e-4)
     assert torch.equal(info["valid"], chunked_info["valid"])
+
+
+@pytest.mark.parametrize("tied", [3, 136])
+def test_the_bf16_lm_head_recomputes_every_logit_tied_at_the_cut(tokenizer, tied) -> None:
+    """``tied`` tokens share the row's k-th largest logit: all of them come out as fp32 gives them,
+    not only those ``topk`` happens to return (bf16 logits tie often)."""
+    from optima_env.backends.precision import EXACT_TOP
+
+    model = tiny_llama(tokenizer, tie_word_embeddings=False)
+    head = model.lm_head
+    x = torch.randn(2, head.in_features, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        top = head(x)[0].topk(EXACT_TOP - 1).indices
+        rest = [t for t in range(head.out_features) if t not in set(top.tolist())][:tied]
+        head.weight[rest] = head.weight[top[-1]].clone()  # tied with row 0's 63rd largest logit
+    with torch.inference_mode():
+        reference = head(x)
+        with Bf16Linears(model, exact_top=0).active():
+            plain = head(x)
+        with Bf16Linears(model).active():
+            mixed = head(x)
+    chosen = plain >= plain.topk(EXACT_TOP, dim=-1).values[:, -1:]
+    assert int(chosen[0].sum()) >= EXACT_TOP - 1 + tied  # the ties are at row 0's cut
+    assert torch.allclose(mixed[chosen], reference[chosen], atol=1e-5, rtol=1e-5)
+    assert torch.equal(mixed[~chosen], plain[~chosen])
