@@ -17,4 +17,6 @@
   arithmetic in :mod:`~benchmarks.throughput.lora_base_report`;
 * :mod:`~benchmarks.throughput.gpu_check`: the prepared device check of a GPU run.
 * :mod:`~benchmarks.throughput.gpu_check_phases`: its phases, shapes and JSON recorder.
+* :mod:`~benchmarks.throughput.as_filed`: the engine of the commit issue 49 was filed at against
+  today's ``engine_old`` and ``engine``, one run (``python -m benchmarks.throughput.as_filed``).
 """
