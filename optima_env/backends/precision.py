@@ -154,9 +154,14 @@ class _Onednn:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [None], "")
 
 
+_PACK_CHECKED: dict[tuple[Any, ...], bool] = {}
+"""Whether packed weights give ``F.linear``'s results, per weight shape, bias and torch threads
+(:func:`_packed`)."""
+
+
 def _packed(weight: Any, bias: Any) -> Any:
     """An :class:`_Onednn` over ``weight`` (bf16, on CPU) laid out once in oneDNN's blocked format
-    for its bf16 matmul, or None where this torch cannot, or where the packed weight's results
+    for its bf16 matmul, or None where this torch cannot, or where a packed weight's results
     differ from ``F.linear``'s by a bit at any of :data:`_PROBE_ROWS` rows (with this process's
     torch threads: the copies are remade when they change, :class:`Bf16Linears`).
 
@@ -164,23 +169,33 @@ def _packed(weight: Any, bias: Any) -> Any:
     layout its kernel reads, the model's linear layers run a decode step at small batches
     markedly faster on this project's CPU (the rollout suite's ``floor`` phase times the path the
     engine takes). The layout is the one oneDNN's matmul uses for the plain weight, so
-    the results are the same bit for bit (checked here, so that a build that lays out otherwise
-    keeps ``F.linear``).
+    the results are the same bit for bit. That is checked here, so that a build that lays out
+    otherwise keeps ``F.linear``: once per weight shape, bias and thread count
+    (:data:`_PACK_CHECKED`), which is what oneDNN picks its kernels by, not the weights' values;
+    a model's layers share a few shapes, and a training run repacks every weight at each stage.
     """
     import torch
 
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return None
+    key = (tuple(weight.shape), bias is not None, torch.get_num_threads())
+    if _PACK_CHECKED.get(key) is False:
+        return None
     try:
         matmul = _Onednn(weight, torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS))
-        generator = torch.Generator().manual_seed(0)
-        for rows in _PROBE_ROWS:
-            x = torch.randn(rows, weight.shape[1], generator=generator).to(torch.bfloat16)
-            if not torch.equal(matmul(x, weight, bias), torch.nn.functional.linear(x, weight, bias)):
-                return None
+        if key not in _PACK_CHECKED:
+            generator = torch.Generator().manual_seed(0)
+            probes = (
+                torch.randn(rows, weight.shape[1], generator=generator).to(torch.bfloat16)
+                for rows in _PROBE_ROWS
+            )
+            _PACK_CHECKED[key] = all(
+                torch.equal(matmul(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
+                for x in probes
+            )
     except (AttributeError, RuntimeError, NotImplementedError):  # no such op or layout in this torch
-        return None
-    return matmul
+        _PACK_CHECKED[key] = False
+    return matmul if _PACK_CHECKED[key] else None
 
 
 def _head_bf16(head: Any, matmul: Any, weight: Any, bias: Any, exact_top: int, x: Any) -> Any:

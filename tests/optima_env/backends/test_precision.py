@@ -88,6 +88,30 @@ def test_packed_bf16_weights_give_f_linear_results_bit_for_bit(tiny) -> None:
                 assert got.shape == expected.shape and torch.equal(got, expected)
 
 
+def test_packing_is_checked_once_per_weight_shape_and_holds_for_every_weight_of_it(tokenizer) -> None:
+    """The bit-for-bit check of a packed weight runs per shape, bias and thread count (oneDNN's
+    kernel choice), not per weight; every layer of a second model with the same shapes still
+    gives ``F.linear``'s results."""
+    if not (torch.backends.mkldnn.is_available() and precision.cpu_has_native_bf16()):
+        pytest.skip("this CPU or torch packs no bf16 weights")
+    precision._PACK_CHECKED.clear()
+    first, second = (tiny_llama(tokenizer, seed=seed, tie_word_embeddings=False) for seed in (0, 1))
+    layers = [m for m in first.modules() if isinstance(m, torch.nn.Linear)]
+    with Bf16Linears(first).active():
+        pass
+    shapes = {(tuple(m.weight.shape), m.bias is not None, torch.get_num_threads()) for m in layers}
+    assert set(precision._PACK_CHECKED) == shapes and len(shapes) < len(layers)
+    assert all(precision._PACK_CHECKED.values())
+    linears = Bf16Linears(second)
+    generator = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        for module in (m for m in second.modules() if isinstance(m, torch.nn.Linear)):
+            x = torch.randn(5, module.in_features, generator=generator)
+            expected = torch.nn.functional.linear(x.bfloat16(), module.weight.bfloat16()).float()
+            assert torch.equal(linears.forward_of(module)(x), expected)
+    assert set(precision._PACK_CHECKED) == shapes  # nothing new to check
+
+
 def test_bf16_copies_follow_a_weight_update(tokenizer) -> None:
     model = tiny_llama(tokenizer, tie_word_embeddings=False)
     linears = Bf16Linears(model)
