@@ -15,7 +15,8 @@ from dataclasses import replace
 import pytest
 
 from benchmarks.demo.tasks import MAIN_TASK
-from benchmarks.run import _suite_adapters, main
+from benchmarks.evaluate import suite_adapters
+from benchmarks.run import main
 from benchmarks.suites import get_suite
 from optima_env import AgentView, TaskSpec, hookimpl, list_tasks
 from optima_env.io import read_episodes
@@ -143,7 +144,7 @@ def test_reward_weights_and_task_thresholds_are_set_from_the_command_line(tmp_pa
 def test_the_recorded_commit_says_dirty_when_code_differs_from_it_but_not_for_the_runs_own_outputs(
     tmp_path,
 ) -> None:
-    from benchmarks.run import _git_commit
+    from benchmarks.evaluate import checkout_commit
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True)
@@ -156,14 +157,14 @@ def test_the_recorded_commit_says_dirty_when_code_differs_from_it_but_not_for_th
     git("add", "-A")
     git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "one")
     head = git("rev-parse", "HEAD")
-    assert _git_commit(tmp_path) == head
+    assert checkout_commit(tmp_path) == head
     (tmp_path / "README.md").write_text("v2\n", encoding="utf-8")  # the demo rewrites its block
     (tmp_path / "benchmarks" / "results" / "results.json").write_text("v2\n", encoding="utf-8")
     (tmp_path / "untracked.py").write_text("x\n", encoding="utf-8")
-    assert _git_commit(tmp_path) == head
+    assert checkout_commit(tmp_path) == head
     (tmp_path / "recipe.py").write_text("v2\n", encoding="utf-8")  # the recipe is not HEAD's
-    assert _git_commit(tmp_path) == f"{head}-dirty"
-    assert _git_commit(tmp_path / "missing") is None  # no checkout there: no commit to record
+    assert checkout_commit(tmp_path) == f"{head}-dirty"
+    assert checkout_commit(tmp_path / "missing") is None  # no checkout there: no commit to record
 
 
 def test_backend_openai_plays_against_an_openai_compatible_server(tmp_path, capsys, monkeypatch) -> None:
@@ -249,8 +250,8 @@ def test_the_report_names_each_tasks_metric_and_files_follow_the_umask(test_pm, 
 @pytest.mark.parametrize("tasks, played", [([MAIN_TASK.task], True), (["test/tiny-v0"], False)])
 def test_main_suite_adapters_play_only_on_their_task(tasks, played, monkeypatch) -> None:
     suite = replace(get_suite("main"), adapters=(("iSFT", "adapters/isft"), ("iDPO", "adapters/idpo")))
-    monkeypatch.setattr("benchmarks.run.is_adapter", lambda folder: True)  # as if the demo had run
-    adapters = _suite_adapters(suite, tasks)
+    monkeypatch.setattr("benchmarks.evaluate.is_adapter", lambda folder: True)  # as if the demo had run
+    adapters = suite_adapters(suite, tasks)
     assert (sorted(adapters) == sorted(label for label, _ in suite.adapters)) is played
     assert bool(adapters) is played
 

@@ -30,13 +30,13 @@ def test_main_is_the_default_suite_and_plays_the_demo_setting_and_adapters() -> 
 
 
 def test_concurrency_is_the_suites_unless_the_flag_says_otherwise() -> None:
-    from benchmarks.run import _concurrency
+    from benchmarks.evaluate import suite_concurrency
 
     main = get_suite("main")
     assert main.instances is not None and main.concurrency >= main.instances  # one batch
-    assert _concurrency(parse_args([]), main) == main.concurrency
-    assert _concurrency(parse_args(["--concurrency", "4"]), main) == 4
-    assert _concurrency(parse_args(["--suite", "smoke"]), get_suite("smoke")) == 16
+    assert suite_concurrency(parse_args([]), main) == main.concurrency
+    assert suite_concurrency(parse_args(["--concurrency", "4"]), main) == 4
+    assert suite_concurrency(parse_args(["--suite", "smoke"]), get_suite("smoke")) == 16
 
 
 def test_paper_suite_uses_the_spec_evaluation_sets() -> None:
