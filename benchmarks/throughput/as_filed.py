@@ -68,6 +68,7 @@ def run(out: Path, commit: str) -> dict[str, Any]:
             f"--commit: expected a commit of this repository's history, got {commit!r}, which {repo} "
             "does not hold; run from a git clone (not an export), after a 'git fetch' if it is shallow"
         )
+    given, out = out, out.resolve()  # the runs below start in other folders
     for name in ("filed", "today"):
         shutil.rmtree(out / name, ignore_errors=True)
     bench = [sys.executable, "-m", "benchmarks.throughput.rollout_bench"]
@@ -76,7 +77,7 @@ def run(out: Path, commit: str) -> dict[str, Any]:
         subprocess.run(["git", "worktree", "add", "--detach", str(worktree), commit], cwd=repo, check=True)
         try:
             path = os.pathsep.join([str(worktree), str(worktree / "plugins")])  # its code and plugins first
-            subprocess.run([*bench, "--out", str((out / "filed").resolve()), "--phases", "engine"],
+            subprocess.run([*bench, "--out", str(out / "filed"), "--phases", "engine"],
                            cwd=worktree, env=dict(os.environ, PYTHONPATH=path), check=True)  # fmt: skip
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=repo, check=True)
@@ -95,7 +96,7 @@ def run(out: Path, commit: str) -> dict[str, Any]:
     results = {"filed_at": commit, "tokens_per_s": rows, "phases": phases}
     write_json_atomic(out / "results.json", results)
     write_text_atomic(
-        out / "command.txt", f"python -m benchmarks.throughput.as_filed --out {out} --commit {commit}\n"
+        out / "command.txt", f"python -m benchmarks.throughput.as_filed --out {given} --commit {commit}\n"
     )
     write_text_atomic(
         out / "results.md",
