@@ -31,7 +31,7 @@ from optima_trainers.run.provenance import git_commit
 
 __all__ = ["checkout_commit", "evaluate", "results_started", "suite_adapters", "suite_concurrency"]
 
-logger = logging.getLogger("benchmarks.run")
+logger = logging.getLogger("benchmarks.run")  # the command's: its log lines name it, as before the split
 
 _WRITTEN_BY_RUNS = ("benchmarks/results/", "README.md", "docs/benchmarks/performance.md")
 """Tracked paths that benchmark runs write themselves (results, the generated blocks): changes there
@@ -185,7 +185,7 @@ def _play_and_report(
     caps_from: str,
 ) -> dict[str, Any]:
     """Play what ``--out`` does not hold yet and write the outputs (under the folder's lock).
-    Eleven parameters: the run's pieces as :func:`run` resolved them, passed on unchanged."""
+    Eleven parameters: the run's pieces as :func:`benchmarks.run.run` resolved them, passed on unchanged."""
     data_dir = os.environ.get("OPTIMA_DATA_DIR")
     identity = {
         "model": args.model,
