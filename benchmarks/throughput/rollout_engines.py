@@ -159,12 +159,11 @@ def _of_floor(new: dict[str, Any], old: dict[str, Any]) -> str:
 
 
 _VARIANTS = {
-    "engine": "the engine's bfloat16: bf16 linear layers, LM head (top 64 logits recomputed in fp32) "
-    "and KV cache",
-    "linears": "bf16 linear layers but the LM head, fp32 KV cache (the bfloat16 before)",
+    "engine": "the engine's bfloat16: bf16 linear layers and LM head (top 64 logits recomputed in "
+    "fp32), fp32 KV cache",
+    "linears": "bf16 linear layers but the LM head, fp32 KV cache (mixed version 1)",
     "plain_lm_head": "bf16 linear layers and a plain bf16 LM head (measured, not used)",
-    "exact_top_lm_head": "bf16 linear layers and LM head, top 64 logits recomputed in fp32, fp32 KV cache",
-    "bf16_kv": "bf16 linear layers but the LM head, bf16 KV cache",
+    "bf16_kv": "the engine's with a bf16 KV cache (mixed version 2; measured, not used)",
 }
 
 

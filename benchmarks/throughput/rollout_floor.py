@@ -14,8 +14,8 @@ measured here, for the engine's own precision, sampler and torch threads:
 * **prefill GEMMs**: the same layers but the LM head (prefill keeps one row of logits) on 256
   tokens at once, per prefilled token;
 * **attention**: the KV columns the rows' masks allow (padding left out), in the engine's KV dtype
-  (bf16 where it decodes in bf16), read once per decode pass at the measured memory read rate (a
-  sum over a 256 MB buffer);
+  (:func:`kv_dtype`), read once per decode pass at the measured memory read rate (a sum over a
+  256 MB buffer);
 * **sampling**: the engine's sampler on a batch of logits of the vocabulary's width, once per
   sampling round.
 
@@ -25,6 +25,10 @@ zero, so the floor is a lower bound of the time: a row at 100% of its floor coul
 without doing less work (fewer prefilled tokens, fewer weight bytes). Rows report
 ``floor_tokens_per_s`` (generated tokens over the floor's seconds) and ``of_floor`` (their tokens/s
 over it), beside ``of_gemm_limit``.
+
+The phase also times torch's attention kernel alone, one layer of a decode step over
+:data:`ATTENTION_COLUMNS` KV columns in fp32 and in bf16 (``attention_layer_s``): the measurement
+behind the engine's fp32 KV cache (:mod:`optima_env.backends.precision`).
 """
 
 from __future__ import annotations
@@ -32,10 +36,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["BATCHES", "floor_of", "run_floor_phase"]
+__all__ = ["ATTENTION_COLUMNS", "BATCHES", "floor_of", "kv_dtype", "run_floor_phase"]
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 """Decode batches the unit costs are measured at (a row's mean batch is interpolated between)."""
+
+ATTENTION_COLUMNS = 512
+"""KV columns of the attention kernel's timing (about the fixed-length workload's last turn)."""
 
 _PREFILL_TOKENS = 256
 _READ_BYTES = 256 * 2**20
@@ -86,6 +93,24 @@ def _read_rate() -> float:
     return _READ_BYTES / _best(lambda: buf.sum(), trials=5, least_s=0.2)
 
 
+def _attention_seconds(model: Any, dtype: str, batch: int) -> float:
+    """Seconds of one layer's decode attention (the engine's kernel, grouped KV heads) for ``batch``
+    rows over :data:`ATTENTION_COLUMNS` columns of a ``dtype`` KV buffer (a view, as the engine's)."""
+    import torch
+
+    from optima_env.backends._kv import gqa_attention, kv_geometry
+
+    _, kv_heads, head_dim = kv_geometry(model)
+    heads = model.config.num_attention_heads
+    generator = torch.Generator().manual_seed(0)
+    buf = torch.randn(2, batch, kv_heads, ATTENTION_COLUMNS + 64, head_dim, generator=generator)
+    buf = buf.to(getattr(torch, dtype))
+    keys, values = buf[0, :, :, :ATTENTION_COLUMNS], buf[1, :, :, :ATTENTION_COLUMNS]
+    query = torch.randn(batch, heads, 1, head_dim, generator=generator)
+    mask = torch.zeros(batch, 1, 1, ATTENTION_COLUMNS)
+    return _best(lambda: gqa_attention(None, query, keys, values, mask, scaling=head_dim**-0.5))
+
+
 def _sample_seconds(vocab: int, batch: int, sampler: str, temperature: float) -> float:
     import torch
 
@@ -113,6 +138,11 @@ def run_floor_phase(cfg: Any) -> dict[str, Any]:
         for threads in sorted({cfg.threads, cfg.eos_threads}):
             torch.set_num_threads(threads)
             per = units[str(threads)] = {"read_bytes_per_s": _read_rate(), "gemm": {}, "sample": {}}
+            batches = (cfg.eos_concurrency, cfg.concurrency)
+            per["attention_layer_s"] = {
+                dtype: {str(b): _attention_seconds(model, dtype, b) for b in batches}
+                for dtype in ("float32", "bfloat16")
+            }
             for precision in precisions:
                 per["gemm"][precision] = {
                     "decode_s": {str(b): _gemm_seconds(model, precision, b, lm_head=True) for b in BATCHES},
@@ -126,7 +156,9 @@ def run_floor_phase(cfg: Any) -> dict[str, Any]:
                 }
     return {
         "units": units,
-        "kv_bytes_per_token": {p: kv_bytes_per_token(model, getattr(torch, p)) for p in precisions},
+        "kv_bytes_per_token": {
+            p: kv_bytes_per_token(model, getattr(torch, p)) for p in ("float32", "bfloat16")
+        },
         "backend": "unit costs of the engine's work: real weights, memory read rate, sampler",
     }
 
@@ -140,6 +172,19 @@ def _at(table: dict[str, float], batch: float) -> float:
         if batch <= b1:
             return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
     return points[-1][1] * batch / points[-1][0]
+
+
+def kv_dtype(engine: dict[str, Any]) -> str:
+    """The KV dtype of an fp32 model's engine from its record: fp32, but bf16 under the mixed decode's
+    version 2 (:data:`~optima_env.backends.precision.MIXED`); a model of another dtype keeps its own.
+
+    >>> kv_dtype({"precision": "bfloat16", "sampler": "cdf", "mixed": 3})
+    'float32'
+    """
+    mixed = engine.get("mixed")
+    if mixed is None:
+        return engine.get("precision", "")
+    return "bfloat16" if mixed == 2 else "float32"
 
 
 def floor_of(stats: dict[str, int], engine: dict[str, str], threads: int, floor: dict[str, Any]) -> dict[str, Any]:
@@ -161,7 +206,7 @@ def floor_of(stats: dict[str, int], engine: dict[str, str], threads: int, floor:
         "decode_gemm_s": passes * _at(gemm["decode_s"], rows_per_pass),
         "prefill_gemm_s": stats["prefilled_tokens"] * gemm["prefill_s_per_token"],
         "attention_s": stats["valid_columns"]
-        * floor["kv_bytes_per_token"][precision]
+        * floor["kv_bytes_per_token"][kv_dtype(engine)]
         / units["read_bytes_per_s"],
         "sampling_s": rounds * _at(sample, rows_per_round),
     }

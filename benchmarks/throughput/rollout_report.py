@@ -124,6 +124,9 @@ def _table(c: dict[str, Any], rows: list[dict[str, Any]], targets: dict[str, Any
     floors = [r for r in rows if r.get("floor")]
     if floors:
         lines += ["", _FLOOR_NOTE] + [f"- {r['phase']}: {floor_text(r['floor'])}." for r in floors]
+    units = next((r["units"] for r in rows if r["phase"] == "floor" and "units" in r), None)
+    if units and any("attention_layer_s" in u for u in units.values()):
+        lines += ["", attention_text(units)]
     roof = next((r for r in rows if r["phase"] == "roofline" and "tokens_per_s" in r), None)
     if roof:
         lines += [
@@ -162,6 +165,27 @@ def floor_text(floor: dict[str, Any]) -> str:
         f"floor {_fmt(floor['floor_tokens_per_s'])} tok/s = decode GEMMs {_fmt(floor['decode_gemm_s'])} s "
         f"+ prefill GEMMs {_fmt(floor['prefill_gemm_s'])} s + attention {_fmt(floor['attention_s'])} s "
         f"+ sampling {_fmt(floor['sampling_s'])} s"
+    )
+
+
+def attention_text(units: dict[str, Any]) -> str:
+    """The ``floor`` phase's timings of the attention kernel alone, fp32 against bf16 KV states."""
+    from benchmarks.throughput.rollout_floor import ATTENTION_COLUMNS
+
+    timings = []
+    for threads, per in sorted(units.items()):
+        layer = per.get("attention_layer_s")
+        if not layer:
+            continue
+        for batch in sorted(layer["float32"], key=int):
+            fp32, bf16 = layer["float32"][batch], layer["bfloat16"][batch]
+            timings.append(
+                f"{threads} thread(s), batch {batch}: fp32 {fp32 * 1e3:.2f} ms, bf16 {bf16 * 1e3:.2f} ms "
+                f"({bf16 / fp32:.2f}x)"
+            )
+    return (
+        f"Attention kernel alone (one layer of a decode step over {ATTENTION_COLUMNS} KV columns, "
+        "grouped KV heads; why the engine keeps its KV cache in fp32): " + "; ".join(timings) + "."
     )
 
 

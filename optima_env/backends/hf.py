@@ -17,8 +17,8 @@ Two decoding paths:
   seeded as a whole).
 
 Both sample exactly by inverse CDF (:mod:`optima_env.backends._tokens`) and, for an fp32 model on
-a CPU with native bf16, decode with the linear layers, the LM head and the KV cache in bf16
-(``precision="auto"``, :mod:`optima_env.backends.precision`: there, the same seed gives the same
+a CPU with native bf16, decode with the linear layers and the LM head in bf16, the KV cache in
+fp32 (``precision="auto"``, :mod:`optima_env.backends.precision`: there, the same seed gives the same
 text only in the same batch); :attr:`TransformersPolicy.engine` records both.
 
 The policy is also a :class:`~optima_env.policy.TurnEngine` (``capacity``, ``submit``, ``poll``):
@@ -85,8 +85,8 @@ class TransformersPolicy:
             its ``max_new_tokens``, still fits. A request that alone needs more runs alone.
             While the buffer is reallocated the old one lives too, so the peak is up to twice this.
         precision: decode precision of an fp32 model on CPU (:mod:`optima_env.backends.precision`):
-            ``auto`` (bf16 linear layers, LM head and KV cache where the CPU has native bf16, else
-            fp32), ``float32`` (the same text for a seed in any batch) or
+            ``auto`` (bf16 linear layers and LM head where the CPU has native bf16, else fp32;
+            the KV cache stays in the model's dtype), ``float32`` (the same text for a seed in any batch) or
             ``bfloat16``; the resolved one is :attr:`precision`. The model's weights are not changed.
         sampler: ``cdf`` (exact inverse-CDF sampling, the default) or ``multinomial`` (replays
             episodes recorded before it; :data:`~optima_env.backends._tokens.SAMPLERS`).
@@ -115,9 +115,9 @@ class TransformersPolicy:
         self.precision = resolve_precision(check_precision(precision), dtype=dtype, device=model.device.type)
         """The precision the linear layers decode in (``precision`` resolved for this model and CPU)."""
         self._linears = Bf16Linears(model) if self.precision != dtype else None
-        self.kv_dtype = getattr(require("torch", "train"), self.precision)
-        """The torch dtype of the KV states (buffers and prefix cache): the decode precision's
-        (bf16 for an fp32 model decoding in bf16, :mod:`~optima_env.backends.precision`)."""
+        self.kv_dtype = getattr(require("torch", "train"), dtype)
+        """The torch dtype of the KV states (buffers and prefix cache): the model's, also where
+        its linear layers decode in bf16 (why: :mod:`~optima_env.backends.precision`)."""
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:

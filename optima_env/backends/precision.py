@@ -1,6 +1,7 @@
-"""Decode precision of the transformers engine on CPU: its linear layers, its LM head and its KV
-cache in bf16 where the CPU computes bf16 natively, the LM head's most likely logits recomputed in
-fp32, everything else in fp32; and the record of an engine's numerics.
+"""Decode precision of the transformers engine on CPU: its linear layers and its LM head in bf16
+where the CPU computes bf16 natively, the LM head's most likely logits recomputed in fp32,
+everything else (the KV cache and attention included) in fp32; and the record of an engine's
+numerics.
 
 Why: a decode step of SmolLM2-135M reads 538 MB of fp32 weights; on a CPU with AVX512_BF16 or AMX
 the linear layers run about 1.5x faster in bf16, while attention, norms and the small
@@ -8,8 +9,14 @@ element-wise ops are slower in bf16 (whole-model bf16 is slower than fp32 there)
 ``nn.Linear`` layers compute in bf16, each input cast at the layer and its output cast back; the
 LM head too, with every logit of a row at least its :data:`EXACT_TOP`-th largest recomputed in fp32
 (a plain bf16 LM head moved the next-token distributions too far from fp32's; the tokens that hold
-nearly all of a row's mass come out as fp32 gives them). The KV states are kept in bf16 (half the
-memory read by attention) and attended in bf16 (:func:`optima_env.backends._kv.gqa_attention`).
+nearly all of a row's mass come out as fp32 gives them). The KV states stay in fp32: a bf16 KV
+cache halves the bytes attention reads, but torch's CPU attention runs bf16 through small
+per-block GEMMs whose speed depends on the BLAS kernel this CPU gets, not on its flags. On one
+virtual machine of this project's CPU model (AMD Zen 4, AVX512_BF16) bf16 attention was the
+faster; on another it took several times fp32's (the rollout suite's ``floor`` phase times both
+kernels), and the whole decode ran at half its speed. fp32 attention runs at the memory's rate
+on both, and its next-token distributions are the closer to fp32's (``bf16_kv`` in
+:data:`FIDELITY_VARIANTS`).
 The model's own weights stay as they are (a trainer's model keeps training in its own dtype): the
 engine keeps bf16 copies, remade when a weight changes, and routes the linear layers through them
 only while it decodes (:meth:`Bf16Linears.active`). :func:`fidelity` measures what it costs:
@@ -94,10 +101,11 @@ EXACT_TOP = 64
 """Logits per row that the bf16 LM head recomputes in fp32: the most likely ones (:class:`Bf16Linears`)."""
 
 
-MIXED = 2
-"""Version of the mixed bf16 decode (the module docstring), in the records of its episodes: 2 runs
-the linear layers, the LM head (top recomputed in fp32) and the KV cache in bf16; 1, the linear
-layers but the LM head only (no engine decodes so any more)."""
+MIXED = 3
+"""Version of the mixed bf16 decode (the module docstring), in the records of its episodes: 3 runs
+the linear layers and the LM head (top recomputed in fp32) in bf16, the KV cache in fp32; 2 also
+kept the KV cache in bf16, 1 ran the linear layers but the LM head only (no engine decodes so any
+more)."""
 
 
 def engine_record(
@@ -288,16 +296,15 @@ class Bf16Linears:
 
 
 FIDELITY_VARIANTS = {
-    "engine": {"lm_head": True, "exact_top": EXACT_TOP, "kv_cache": "bfloat16"},
+    "engine": {"lm_head": True, "exact_top": EXACT_TOP, "kv_cache": "float32"},
     "linears": {"lm_head": False, "exact_top": 0, "kv_cache": "float32"},
     "plain_lm_head": {"lm_head": True, "exact_top": 0, "kv_cache": "float32"},
-    "exact_top_lm_head": {"lm_head": True, "exact_top": EXACT_TOP, "kv_cache": "float32"},
-    "bf16_kv": {"lm_head": False, "exact_top": 0, "kv_cache": "bfloat16"},
+    "bf16_kv": {"lm_head": True, "exact_top": EXACT_TOP, "kv_cache": "bfloat16"},
 }
 """What :func:`fidelity` runs in bf16 per variant: ``engine`` is precision ``bfloat16`` (the linear
-layers, the LM head with its top in fp32, the KV cache); the others are its parts alone over bf16
-linear layers (``linears``: those only, :data:`MIXED` version 1), and a plain bf16 LM head, which
-the engine does not use."""
+layers and the LM head with its top in fp32; the KV cache in fp32); ``linears`` the linear layers
+only (:data:`MIXED` version 1); ``plain_lm_head`` a bf16 LM head without the fp32 top, and
+``bf16_kv`` the engine with a bf16 KV cache (version 2), which the engine does not use."""
 
 
 def fidelity(model: Any, sequences: Sequence[Sequence[int]], *, temperature: float = 0.7) -> dict[str, Any]:

@@ -193,6 +193,9 @@ def test_a_tiny_suite_runs_every_phase_for_real(tmp_path) -> None:
         assert floor["decode_gemm_s"] > 0 and floor["prefill_gemm_s"] > 0 and floor["attention_s"] > 0
     assert "of_floor" not in by_phase["naive"]  # transformers' generate counts no decode columns
     assert "| of floor |" in summary["table"] and "floor " in summary["table"]
+    layer = by_phase["floor"]["units"]["1"]["attention_layer_s"]  # the attention kernel in both KV dtypes
+    assert set(layer) == {"float32", "bfloat16"} and all(s > 0 for t in layer.values() for s in t.values())
+    assert "Attention kernel alone" in summary["table"]
     assert by_phase["engine_b64"]["batch"] == 2  # in flight: 2 episodes, not 64
     assert by_phase["roofline"]["tokens_per_s"] > 0
     assert set(by_phase["gemm"]["limits"]) == {"2", "32", "64"}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import doctest
+
 import pytest
 
-from benchmarks.throughput.rollout_floor import floor_of
+from benchmarks.throughput import rollout_floor
+from benchmarks.throughput.rollout_floor import floor_of, kv_dtype
 
 UNITS = {
     "units": {
@@ -41,13 +44,22 @@ def test_each_part_of_the_work_is_priced_at_its_unit_cost() -> None:
 
 def test_the_row_s_precision_and_sampler_choose_the_units() -> None:
     fp32 = floor_of(STATS, {"precision": "float32", "sampler": "multinomial"}, 2, UNITS)
-    bf16 = floor_of(STATS, {"precision": "bfloat16", "sampler": "cdf", "mixed": 2}, 2, UNITS)
+    bf16 = floor_of(STATS, {"precision": "bfloat16", "sampler": "cdf", "mixed": 3}, 2, UNITS)
     assert bf16["decode_gemm_s"] == pytest.approx(fp32["decode_gemm_s"] / 2)
-    assert bf16["attention_s"] == pytest.approx(fp32["attention_s"] / 2)  # bf16 KV states
+    assert bf16["attention_s"] == pytest.approx(fp32["attention_s"])  # fp32 KV states
     assert bf16["sampling_s"] < fp32["sampling_s"]
+    version_2 = floor_of(STATS, {"precision": "bfloat16", "sampler": "cdf", "mixed": 2}, 2, UNITS)
+    assert version_2["attention_s"] == pytest.approx(fp32["attention_s"] / 2)  # kept them in bf16
 
 
 def test_a_row_without_counters_or_measured_units_has_no_floor() -> None:
     assert floor_of({}, {"precision": "float32", "sampler": "cdf"}, 2, UNITS) == {}
     assert floor_of(STATS, {"precision": "float32", "sampler": "cdf"}, 1, UNITS) == {}  # 1 thread: not measured
     assert floor_of(STATS, {"precision": "float16", "sampler": "cdf"}, 2, UNITS) == {}
+
+
+def test_the_kv_dtype_of_a_row_comes_from_its_engine_record() -> None:
+    assert doctest.testmod(rollout_floor).failed == 0
+    assert kv_dtype({"precision": "float32", "sampler": "cdf"}) == "float32"
+    assert kv_dtype({"precision": "bfloat16", "sampler": "cdf"}) == "bfloat16"  # a bf16 model's own
+    assert kv_dtype({"precision": "bfloat16", "sampler": "cdf", "mixed": 2}) == "bfloat16"

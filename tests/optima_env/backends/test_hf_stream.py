@@ -127,7 +127,7 @@ def test_the_kv_budget_bounds_the_running_rows_and_a_lone_request_runs_over_it(t
     requests = [conversation(i, 2) for i in range(5)]
     probe = TransformersPolicy(tiny, tokenizer, prefix_cache_mb=0)
     most = max(len(p) for p in probe._encode(requests)) + sampling.max_new_tokens
-    per_token = kv_bytes_per_token(tiny, probe.kv_dtype)  # bf16 where the engine keeps bf16 KV states
+    per_token = kv_bytes_per_token(tiny, probe.kv_dtype)
     budget = 2.5 * most * per_token  # two rows run to their cap fit, three do not
     engine = TransformersPolicy(tiny, tokenizer, batch_size=8, kv_cache_mb=budget / 2**20)
     for ticket, request in enumerate(requests):

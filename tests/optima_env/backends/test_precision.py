@@ -35,7 +35,7 @@ def test_auto_decodes_in_bf16_only_where_the_cpu_has_it(tiny, tokenizer, monkeyp
     assert policy.precision == resolved
     mixed = {"mixed": precision.MIXED} if resolved == "bfloat16" else {}
     assert policy.engine == {"precision": resolved, "sampler": "cdf", **mixed}
-    assert policy.kv_dtype == getattr(torch, resolved)
+    assert policy.kv_dtype == torch.float32  # the model's dtype, whatever the linear layers decode in
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     reference = _forward(tiny, ids)
     with policy.decoding():
@@ -238,7 +238,9 @@ def test_a_bf16_lm_head_gives_its_top_logits_as_fp32_does(tiny) -> None:
     assert torch.equal(mixed.argmax(-1), reference.argmax(-1))
 
 
-def test_the_kv_states_follow_the_decode_precision_and_attention_follows_their_dtype(tiny, tokenizer) -> None:
+def test_the_kv_states_keep_the_model_s_dtype_in_either_precision_and_attention_follows_their_dtype(
+    tiny, tokenizer
+) -> None:
     from optima_env.backends import _kv
     from optima_env.policy import SamplingParams
     from tests.optima_env.backends.test_hf import conversation
@@ -247,9 +249,11 @@ def test_the_kv_states_follow_the_decode_precision_and_attention_follows_their_d
     for setting in ("bfloat16", "float32"):
         policy = TransformersPolicy(tiny, tokenizer, precision=setting)
         policy.generate([conversation(0, 2), conversation(1, 2)], sampling)
-        assert policy.kv_dtype == getattr(torch, setting)
+        assert policy.kv_dtype == torch.float32
         assert policy.prefix_cache is not None and len(policy.prefix_cache) > 0
-        assert {entry.kv.dtype for entry in policy.prefix_cache._entries} == {getattr(torch, setting)}
+        assert {entry.kv.dtype for entry in policy.prefix_cache._entries} == {torch.float32}
+    bf16_model = tiny_llama(tokenizer).to(torch.bfloat16)  # a bf16 model: its own dtype throughout
+    assert TransformersPolicy(bf16_model, tokenizer).kv_dtype == torch.bfloat16
     query, key, value = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 5, 16), torch.randn(2, 2, 5, 16)
     mixed, _ = _kv.gqa_attention(None, query, key.bfloat16(), value.bfloat16(), None)
     reference, _ = _kv.gqa_attention(None, query, key, value, None)
@@ -303,3 +307,15 @@ def test_the_bf16_lm_head_recomputes_every_logit_tied_at_the_cut(tokenizer, tied
     assert int(chosen[0].sum()) >= EXACT_TOP - 1 + tied  # the ties are at row 0's cut
     assert torch.allclose(mixed[chosen], reference[chosen], atol=1e-5, rtol=1e-5)
     assert torch.equal(mixed[~chosen], plain[~chosen])
+
+
+def test_fidelity_measures_each_variant_with_its_own_kv_dtype_against_the_fp32_forward(tiny) -> None:
+    sequences = [list(range(3, 40)), list(range(50, 70))]
+    report = precision.fidelity(tiny, sequences, temperature=0.7)
+    assert report["positions"] == 57 and set(report["variants"]) == set(precision.FIDELITY_VARIANTS)
+    assert {k: report[k] for k in ("tv_mean", "tv_p99", "top_token_agreement")} == report["variants"]["engine"]
+    for v in report["variants"].values():
+        assert 0 < v["tv_mean"] <= v["tv_p99"] < 0.5 and 0.5 < v["top_token_agreement"] <= 1
+    variants = report["variants"]
+    assert variants["bf16_kv"] != variants["engine"]  # the same layers over a bf16 KV cache
+    assert precision.FIDELITY_VARIANTS["engine"]["kv_cache"] == "float32"  # what the engine keeps
