@@ -14,8 +14,9 @@ cache halves the bytes attention reads, but torch's CPU attention runs bf16 thro
 per-block GEMMs whose speed depends on the BLAS kernel this CPU gets, not on its flags. On one
 virtual machine of this project's CPU model (AMD Zen 4, AVX512_BF16) bf16 attention was the
 faster; on another it took several times fp32's (the rollout suite's ``floor`` phase times both
-kernels), and the whole decode ran at half its speed. fp32 attention runs at the memory's rate
-on both, and its next-token distributions are the closer to fp32's (``bf16_kv`` in
+kernels), and the whole decode ran at half its speed. An fp32 cache reads twice the bytes
+where bf16 attention is fast (the suite's floor prices that) and avoids the halved decode where
+it is slow; its next-token distributions are also the closer to fp32's (``bf16_kv`` in
 :data:`FIDELITY_VARIANTS`).
 The model's own weights stay as they are (a trainer's model keeps training in its own dtype): the
 engine keeps bf16 copies, remade when a weight changes, and routes the linear layers through them
