@@ -18,8 +18,8 @@ Two decoding paths:
 
 Both sample exactly by inverse CDF (:mod:`optima_env.backends._tokens`) and, for an fp32 model on
 a CPU with native bf16, decode with the linear layers and the LM head in bf16, the KV cache in
-fp32 (``precision="auto"``, :mod:`optima_env.backends.precision`: there, the same seed gives the same
-text only in the same batch); :attr:`TransformersPolicy.engine` records both.
+fp32 (``precision="auto"``, :mod:`optima_env.backends.precision`: there, the same seed gives the
+same text only in the same batch); :attr:`TransformersPolicy.engine` records both.
 
 The policy is also a :class:`~optima_env.policy.TurnEngine` (``capacity``, ``submit``, ``poll``):
 on the fast path :class:`~optima_env.backends.hf_stream.StreamingDecoder` runs one batch that
@@ -86,8 +86,9 @@ class TransformersPolicy:
             While the buffer is reallocated the old one lives too, so the peak is up to twice this.
         precision: decode precision of an fp32 model on CPU (:mod:`optima_env.backends.precision`):
             ``auto`` (bf16 linear layers and LM head where the CPU has native bf16, else fp32;
-            the KV cache stays in the model's dtype), ``float32`` (the same text for a seed in any batch) or
-            ``bfloat16``; the resolved one is :attr:`precision`. The model's weights are not changed.
+            the KV cache stays in the model's dtype), ``float32`` (the same text for a seed in
+            any batch) or ``bfloat16``; the resolved one is :attr:`precision`. The model's
+            weights are not changed.
         sampler: ``cdf`` (exact inverse-CDF sampling, the default) or ``multinomial`` (replays
             episodes recorded before it; :data:`~optima_env.backends._tokens.SAMPLERS`).
     """

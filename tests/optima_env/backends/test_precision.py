@@ -313,9 +313,9 @@ def test_fidelity_measures_each_variant_with_its_own_kv_dtype_against_the_fp32_f
     sequences = [list(range(3, 40)), list(range(50, 70))]
     report = precision.fidelity(tiny, sequences, temperature=0.7)
     assert report["positions"] == 57 and set(report["variants"]) == set(precision.FIDELITY_VARIANTS)
-    assert {k: report[k] for k in ("tv_mean", "tv_p99", "top_token_agreement")} == report["variants"]["engine"]
-    for v in report["variants"].values():
-        assert 0 < v["tv_mean"] <= v["tv_p99"] < 0.5 and 0.5 < v["top_token_agreement"] <= 1
     variants = report["variants"]
+    assert {k: report[k] for k in ("tv_mean", "tv_p99", "top_token_agreement")} == variants["engine"]
+    for v in variants.values():
+        assert 0 < v["tv_mean"] <= v["tv_p99"] < 0.5 and 0.5 < v["top_token_agreement"] <= 1
     assert variants["bf16_kv"] != variants["engine"]  # the same layers over a bf16 KV cache
     assert precision.FIDELITY_VARIANTS["engine"]["kv_cache"] == "float32"  # what the engine keeps
