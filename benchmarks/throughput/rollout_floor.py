@@ -98,7 +98,7 @@ def _attention_seconds(model: Any, dtype: str, batch: int) -> float:
     rows over :data:`ATTENTION_COLUMNS` columns of a ``dtype`` KV buffer (a view, as the engine's)."""
     import torch
 
-    from optima_env.backends._kv import gqa_attention, kv_geometry
+    from optima_env.backends.hf import gqa_attention, kv_geometry
 
     _, kv_heads, head_dim = kv_geometry(model)
     heads = model.config.num_attention_heads

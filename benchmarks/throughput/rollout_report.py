@@ -121,12 +121,7 @@ def _table(c: dict[str, Any], rows: list[dict[str, Any]], targets: dict[str, Any
             f"GEMM-bound limit (fp32 torch matmuls on the model's shapes, "
             f"{gemm['params_per_token'] / 1e6:.1f}M parameters per token): {limits}.",
         ]
-    floors = [r for r in rows if r.get("floor")]
-    if floors:
-        lines += ["", _FLOOR_NOTE] + [f"- {r['phase']}: {floor_text(r['floor'])}." for r in floors]
-    units = next((r["units"] for r in rows if r["phase"] == "floor" and "units" in r), None)
-    if units and any("attention_layer_s" in u for u in units.values()):
-        lines += ["", attention_text(units)]
+    lines += _floor_lines(rows)
     roof = next((r for r in rows if r["phase"] == "roofline" and "tokens_per_s" in r), None)
     if roof:
         lines += [
@@ -147,6 +142,18 @@ def _table(c: dict[str, Any], rows: list[dict[str, Any]], targets: dict[str, Any
         f"{_fmt(t['engine_vs_vllm_cpu'], '.2f')} on CPU time (target >= 1).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _floor_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The floor's note, each row's floor, and the attention kernel's timings (none without them)."""
+    lines = []
+    floors = [r for r in rows if r.get("floor")]
+    if floors:
+        lines += ["", _FLOOR_NOTE] + [f"- {r['phase']}: {floor_text(r['floor'])}." for r in floors]
+    units = next((r["units"] for r in rows if r["phase"] == "floor" and "units" in r), None)
+    if units and any("attention_layer_s" in u for u in units.values()):
+        lines += ["", attention_text(units)]
+    return lines
 
 
 _FLOOR_NOTE = (

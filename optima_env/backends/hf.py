@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from optima_env.backends import _kv
-from optima_env.backends._kv import decode_roofline, kv_bytes_per_token
+from optima_env.backends._kv import decode_roofline, gqa_attention, kv_bytes_per_token, kv_geometry
 from optima_env.backends._tokens import DecodeStats, cached_ids, check_sampler, has_stop, sample_next
 from optima_env.backends.hf_stream import StreamingDecoder
 from optima_env.backends.precision import Bf16Linears, check_precision, engine_record, resolve_precision
@@ -48,7 +48,9 @@ __all__ = [
     "DecodeStats",
     "TransformersPolicy",
     "decode_roofline",
+    "gqa_attention",
     "kv_bytes_per_token",
+    "kv_geometry",
     "render_prompt",
     "sample_next",
 ]
