@@ -10,7 +10,7 @@ from benchmarks.throughput.rollout_engines import ENGINE_PHASES, engines_text
 from benchmarks.throughput.rollout_eos_report import eos_table, eos_targets
 from benchmarks.throughput.rollout_eos_report import fmt as _fmt
 from benchmarks.throughput.rollout_eos_report import pct as _pct
-from benchmarks.throughput.rollout_floor import floor_of
+from benchmarks.throughput.rollout_floor import ATTENTION_COLUMNS, floor_of
 
 __all__ = ["plot", "summarize"]
 
@@ -177,8 +177,6 @@ def floor_text(floor: dict[str, Any]) -> str:
 
 def attention_text(units: dict[str, Any]) -> str:
     """The ``floor`` phase's timings of the attention kernel alone, fp32 against bf16 KV states."""
-    from benchmarks.throughput.rollout_floor import ATTENTION_COLUMNS
-
     timings = []
     for threads, per in sorted(units.items()):
         layer = per.get("attention_layer_s")
