@@ -14,8 +14,8 @@ measured here, for the engine's own precision, sampler and torch threads:
 * **prefill GEMMs**: the same layers but the LM head (prefill keeps one row of logits) on 256
   tokens at once, per prefilled token;
 * **attention**: the KV columns the rows' masks allow (padding left out), in the engine's KV dtype
-  (:func:`kv_dtype`), read once per decode pass at the measured memory read rate (a sum over a
-  256 MB buffer);
+  (its record's: :func:`~optima_env.backends.precision.recorded_kv_dtype`), read once per decode
+  pass at the measured memory read rate (a sum over a 256 MB buffer);
 * **sampling**: the engine's sampler on a batch of logits of the vocabulary's width, once per
   sampling round.
 
@@ -36,7 +36,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["ATTENTION_COLUMNS", "BATCHES", "floor_of", "kv_dtype", "run_floor_phase"]
+from optima_env.backends.precision import recorded_kv_dtype
+
+__all__ = ["ATTENTION_COLUMNS", "BATCHES", "floor_of", "run_floor_phase"]
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 """Decode batches the unit costs are measured at (a row's mean batch is interpolated between)."""
@@ -174,19 +176,6 @@ def _at(table: dict[str, float], batch: float) -> float:
     return points[-1][1] * batch / points[-1][0]
 
 
-def kv_dtype(engine: dict[str, Any]) -> str:
-    """The KV dtype of an fp32 model's engine from its record: fp32, but bf16 under the mixed decode's
-    version 2 (:data:`~optima_env.backends.precision.MIXED`); a model of another dtype keeps its own.
-
-    >>> kv_dtype({"precision": "bfloat16", "sampler": "cdf", "mixed": 3})
-    'float32'
-    """
-    mixed = engine.get("mixed")
-    if mixed is None:
-        return engine.get("precision", "")
-    return "bfloat16" if mixed == 2 else "float32"
-
-
 def floor_of(stats: dict[str, int], engine: dict[str, str], threads: int, floor: dict[str, Any]) -> dict[str, Any]:
     """The floor of one row's work: seconds per part and generated tokens per second.
 
@@ -206,7 +195,7 @@ def floor_of(stats: dict[str, int], engine: dict[str, str], threads: int, floor:
         "decode_gemm_s": passes * _at(gemm["decode_s"], rows_per_pass),
         "prefill_gemm_s": stats["prefilled_tokens"] * gemm["prefill_s_per_token"],
         "attention_s": stats["valid_columns"]
-        * floor["kv_bytes_per_token"][kv_dtype(engine)]
+        * floor["kv_bytes_per_token"][recorded_kv_dtype(engine)]
         / units["read_bytes_per_s"],
         "sampling_s": rounds * _at(sample, rows_per_round),
     }

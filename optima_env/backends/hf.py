@@ -118,7 +118,7 @@ class TransformersPolicy:
         self.precision = resolve_precision(check_precision(precision), dtype=dtype, device=model.device.type)
         """The precision the linear layers decode in (``precision`` resolved for this model and CPU)."""
         self._linears = Bf16Linears(model) if self.precision != dtype else None
-        self.kv_dtype = getattr(require("torch", "train"), dtype)
+        self.kv_dtype = next(model.parameters()).dtype
         """The torch dtype of the KV states (buffers and prefix cache): the model's, also where
         its linear layers decode in bf16 (why: :mod:`~optima_env.backends.precision`)."""
         self.tokenizer = tokenizer

@@ -59,6 +59,7 @@ __all__ = [
     "engine_record",
     "fidelity",
     "recorded_engine",
+    "recorded_kv_dtype",
     "resolve_precision",
 ]
 
@@ -107,6 +108,16 @@ MIXED = 3
 the linear layers and the LM head (top recomputed in fp32) in bf16, the KV cache in fp32; 2 also
 kept the KV cache in bf16, 1 ran the linear layers but the LM head only (no engine decodes so any
 more)."""
+
+
+def recorded_kv_dtype(record: dict[str, Any]) -> str:
+    """The dtype of the KV states an engine record's episodes were decoded over: the recorded
+    precision for a model decoding in its own dtype; for an fp32 model decoding in bf16, fp32,
+    but bf16 under :data:`MIXED` version 2."""
+    mixed = record.get("mixed")
+    if mixed is None:
+        return str(record.get("precision", ""))
+    return "bfloat16" if mixed == 2 else "float32"
 
 
 def engine_record(

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import doctest
-
 import pytest
 
-from benchmarks.throughput import rollout_floor
-from benchmarks.throughput.rollout_floor import floor_of, kv_dtype
+from benchmarks.throughput.rollout_floor import floor_of
 
 UNITS = {
     "units": {
@@ -57,9 +54,3 @@ def test_a_row_without_counters_or_measured_units_has_no_floor() -> None:
     assert floor_of(STATS, {"precision": "float32", "sampler": "cdf"}, 1, UNITS) == {}  # 1 thread: not measured
     assert floor_of(STATS, {"precision": "float16", "sampler": "cdf"}, 2, UNITS) == {}
 
-
-def test_the_kv_dtype_of_a_row_comes_from_its_engine_record() -> None:
-    assert doctest.testmod(rollout_floor).failed == 0
-    assert kv_dtype({"precision": "float32", "sampler": "cdf"}) == "float32"
-    assert kv_dtype({"precision": "bfloat16", "sampler": "cdf"}) == "bfloat16"  # a bf16 model's own
-    assert kv_dtype({"precision": "bfloat16", "sampler": "cdf", "mixed": 2}) == "bfloat16"

@@ -319,3 +319,13 @@ def test_fidelity_measures_each_variant_with_its_own_kv_dtype_against_the_fp32_f
         assert 0 < v["tv_mean"] <= v["tv_p99"] < 0.5 and 0.5 < v["top_token_agreement"] <= 1
     assert variants["bf16_kv"] != variants["engine"]  # the same layers over a bf16 KV cache
     assert precision.FIDELITY_VARIANTS["engine"]["kv_cache"] == "float32"  # what the engine keeps
+
+
+def test_an_engine_record_says_which_dtype_its_kv_states_were_in() -> None:
+    kv = precision.recorded_kv_dtype
+    assert kv({"precision": "bfloat16", "sampler": "cdf", "mixed": precision.MIXED}) == "float32"
+    assert kv({"precision": "bfloat16", "sampler": "cdf", "mixed": 3}) == "float32"
+    assert kv({"precision": "bfloat16", "sampler": "cdf", "mixed": 2}) == "bfloat16"  # version 2 kept bf16
+    assert kv({"precision": "bfloat16", "sampler": "cdf", "mixed": 1}) == "float32"
+    assert kv({"precision": "float32", "sampler": "cdf"}) == "float32"
+    assert kv({"precision": "bfloat16", "sampler": "cdf"}) == "bfloat16"  # a bf16 model's own
