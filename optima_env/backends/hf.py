@@ -141,6 +141,7 @@ class TransformersPolicy:
         self.stats = DecodeStats()
         self._weights: tuple[int, ...] = ()
         self._stream = StreamingDecoder(self)
+        self._arena = _kv.Arena()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "embedded", **kwargs: Any) -> TransformersPolicy:
@@ -178,9 +179,11 @@ class TransformersPolicy:
             yield
 
     def clear_cache(self) -> None:
-        """Drop the KV states kept across calls (done automatically when the weights change)."""
+        """Drop the KV states kept across calls (done automatically when the weights change) and
+        the memory the batch KV buffers reuse."""
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
+        self._arena.clear()
 
     def _check_weights(self) -> None:
         """Clear the prefix cache when the model's parameters were replaced or updated in place.
@@ -310,9 +313,7 @@ class TransformersPolicy:
         new = [len(row) - n for row, (_, n) in zip(rows, hits)]
         width = max(new)
         batch = len(rows)
-        buf = torch.empty(
-            layers, 2, batch, kv_heads, past + width + extra, head_dim, dtype=dtype, device=device
-        )
+        buf = self._arena.take((layers, 2, batch, kv_heads, past + width + extra, head_dim), dtype, device)
         valid = torch.zeros(batch, past + width + extra, dtype=torch.bool, device=device)
         input_ids = torch.full((batch, width), self.tokenizer.pad_token_id, dtype=torch.long)
         positions = torch.zeros((batch, width), dtype=torch.long)
@@ -355,7 +356,7 @@ class TransformersPolicy:
         index = info["valid"][b, :end].nonzero().squeeze(1)
         if len(index) != len(ids):  # pragma: no cover - internal invariant
             raise BackendError(f"internal error: {len(index)} cached positions for {len(ids)} tokens")
-        self.prefix_cache.add(ids, kv.buf[:, :, b].index_select(3, index.to(kv.buf.device)))
+        self.prefix_cache.add(ids, _kv.gather_columns(kv.buf[:, :, b], index))
 
     # size: one decode loop over a shared KV cache: prefill, steps, stops, slots read as one unit
     def _run(

@@ -196,10 +196,9 @@ class StreamingDecoder:
         for b, (queued, prompt) in enumerate(zip(taken, prompts)):
             # each row right-aligned before the cursor without the prefill's padding, so the buffer
             # is as wide as its longest row, not as the prefill's cached prefix plus its longest tail
-            index = info["valid"][b].nonzero().squeeze(1).to(kv.buf.device)
-            self.buf[:, :, n + b, :, cursor - len(prompt) : cursor].copy_(
-                kv.buf[:, :, b].index_select(3, index)
-            )
+            index = info["valid"][b].nonzero().squeeze(1)
+            states = _kv.gather_columns(kv.buf[:, :, b], index)
+            self.buf[:, :, n + b, :, cursor - len(prompt) : cursor].copy_(states)
             self.valid[n + b] = False
             self.valid[n + b, cursor - len(prompt) : cursor] = True
             sampling, generator = queued.sampling, None
@@ -330,7 +329,7 @@ class StreamingDecoder:
         index = self.valid[i, : self.cursor].nonzero().squeeze(1)
         if len(index) != len(ids):  # pragma: no cover - internal invariant
             raise BackendError(f"internal error: {len(index)} cached positions for {len(ids)} tokens")
-        cache.add(ids, self.buf[:, :, i].index_select(3, index.to(self.buf.device)))
+        cache.add(ids, _kv.gather_columns(self.buf[:, :, i], index))
 
     def _remove(self, i: int) -> None:
         """Take row ``i`` out of the batch: the last row moves into its slot."""

@@ -139,6 +139,29 @@ def test_shared_prefixes_are_found_once() -> None:
     assert _kv.shared_prefixes(rows, [5, 4, 5, 0], min_gain=3) == []
 
 
+def test_gather_columns_copies_what_index_select_gathers() -> None:
+    states = torch.randn(2, 2, 3, 40, 4)
+    for columns in ([], [7], [3, 4, 5], [0, 1, 2, 10, 11, 30, 35, 36, 37, 39]):
+        index = torch.tensor(columns, dtype=torch.long)
+        gathered = _kv.gather_columns(states, index)
+        assert torch.equal(gathered, states.index_select(3, index))
+        assert gathered.is_contiguous() and (not columns or gathered.data_ptr() != states.data_ptr())
+
+
+def test_arena_hands_out_its_memory_again_and_grows_when_asked_for_more() -> None:
+    arena = _kv.Arena()
+    first = arena.take((2, 3, 4), torch.float32, torch.device("cpu"))
+    first.fill_(1.0)
+    again = arena.take((3, 4), torch.float32, torch.device("cpu"))
+    assert again.shape == (3, 4) and again.data_ptr() == first.data_ptr()
+    assert again.sum().item() == 12.0  # the memory is handed out as it was left, not cleared
+    larger = arena.take((5, 6), torch.float32, torch.device("cpu"))
+    assert larger.numel() == 30 and larger.data_ptr() != first.data_ptr()
+    assert arena.take((2, 2), torch.bfloat16, torch.device("cpu")).dtype == torch.bfloat16
+    arena.clear()
+    assert arena.take((1,), torch.float32, torch.device("cpu")).numel() == 1
+
+
 @pytest.mark.slow
 def test_embedded_model_contract_and_agreement_with_generate(embedded) -> None:
     # fp32 is exact across batch shapes here; bf16 linear layers round their outputs to bf16,
