@@ -6,7 +6,7 @@
     reward      RewardConfig       the run's reward (optima_env.reward): sampled stages and, derived, trees
     selection   SelectionConfig    iSFT data selection (optima_trainers.sft.selection)
     sft         SFTTrainConfig     SFT stages (optima_trainers.sft.trainer)
-    tree        TreeSearchConfig   tree search (optima_trainers.config.sections): normalizer, MCTS, pairs
+    tree        TreeSearchConfig   tree search (optima_trainers.config.tree): normalizer, MCTS, pairs
                                    (its reward derives from ``reward``: ``TrainConfig.tree_reward``)
     dpo         DPOTrainConfig     DPO stages (optima_trainers.dpo.trainer)
     options     (a mapping)        a third-party backend's own options (its ``config_class``)
@@ -54,8 +54,9 @@ from optima_env.configtree import (
 )
 from optima_env.reward import RewardConfig
 from optima_trainers.config.presets import FIDELITY_PRESETS, PROFILES, REWARD_PRESETS
-from optima_trainers.config.sections import GenerationConfig, TreeSearchConfig
+from optima_trainers.config.sections import GenerationConfig
 from optima_trainers.config.training import DPOTrainConfig, SelectionConfig, SFTTrainConfig
+from optima_trainers.config.tree import TreeSearchConfig
 
 __all__ = [
     "FIDELITY_PRESETS",

@@ -25,7 +25,8 @@ import editdistance
 from optima_env.errors import TaskContractError
 from optima_env.rules import AnswerTracker, check_termination
 from optima_env.types import Episode, Turn
-from optima_trainers.config.sections import GenerationConfig, TreeSearchConfig
+from optima_trainers.config.sections import GenerationConfig
+from optima_trainers.config.tree import TreeSearchConfig
 from optima_trainers.dpo.pairs import candidate_pairs
 from optima_trainers.run.records import PairCandidate, PreferencePair
 

@@ -58,7 +58,8 @@ from optima_env.rules import checked_score
 from optima_env.task import Task
 from optima_env.types import Episode
 from optima_trainers.config.env import EnvSettings
-from optima_trainers.config.sections import GenerationConfig, TreeSearchConfig
+from optima_trainers.config.sections import GenerationConfig
+from optima_trainers.config.tree import TreeSearchConfig
 from optima_trainers.sft.selection import draw_sample_id
 from optima_trainers.tree.nodes import Node, Tree, TreeTrajectory, normalized_edit_distance
 from optima_trainers.tree.normalizer import estimate_token_normalizer
