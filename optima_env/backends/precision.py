@@ -10,14 +10,15 @@ element-wise ops are slower in bf16 (whole-model bf16 is slower than fp32 there)
 LM head too, with every logit of a row at least its :data:`EXACT_TOP`-th largest recomputed in fp32
 (a plain bf16 LM head moved the next-token distributions too far from fp32's; the tokens that hold
 nearly all of a row's mass come out as fp32 gives them). The KV states stay in fp32: a bf16 KV
-cache halves the bytes attention reads, but torch's CPU attention runs bf16 through small
-per-block GEMMs whose speed depends on the BLAS kernel this CPU gets, not on its flags. On one
-virtual machine of this project's CPU model (AMD Zen 4, AVX512_BF16) bf16 attention was the
-faster; on another it took several times fp32's (the rollout suite's ``floor`` phase times both
-kernels), and the whole decode ran at half its speed. An fp32 cache reads twice the bytes
-where bf16 attention is fast (the suite's floor prices that) and avoids the halved decode where
-it is slow; its next-token distributions are also the closer to fp32's (``bf16_kv`` in
-:data:`FIDELITY_VARIANTS`).
+cache halves the bytes attention reads, but that did not make attention faster on this
+project's CPU model (AMD Zen 4, AVX512_BF16). On one virtual machine bf16 attention was the
+faster; on two others torch's ``scaled_dot_product_attention`` with ``enable_gqa`` (the engine's
+kernel, :func:`~optima_env.backends._kv.gqa_attention`) took several times fp32's time in bf16
+(the rollout suite's ``floor`` phase times both), and the whole decode ran at half its speed;
+there, the same attention with the query heads grouped by KV head (no ``enable_gqa``) took
+about fp32's time in bf16, not less. An fp32 cache loses nothing where bf16 attention is slow,
+reads twice the bytes where it is fast (the suite's floor prices that), and its next-token
+distributions are the closer to fp32's (``bf16_kv`` in :data:`FIDELITY_VARIANTS`).
 The model's own weights stay as they are (a trainer's model keeps training in its own dtype): the
 engine keeps bf16 copies, remade when a weight changes, and routes the linear layers through them
 only while it decodes (:meth:`Bf16Linears.active`). :func:`fidelity` measures what it costs:
