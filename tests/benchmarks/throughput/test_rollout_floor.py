@@ -53,4 +53,3 @@ def test_a_row_without_counters_or_measured_units_has_no_floor() -> None:
     assert floor_of({}, {"precision": "float32", "sampler": "cdf"}, 2, UNITS) == {}
     assert floor_of(STATS, {"precision": "float32", "sampler": "cdf"}, 1, UNITS) == {}  # 1 thread: not measured
     assert floor_of(STATS, {"precision": "float16", "sampler": "cdf"}, 2, UNITS) == {}
-
