@@ -173,8 +173,10 @@ class Arena:
         self._flat = None
 
 
-def gather_columns(states: Any, index: Any) -> Any:
-    """``states.index_select(-2, index)`` for an increasing ``index``, copied run by run.
+def gather_columns(states: Any, index: Any, out: Any = None) -> Any:
+    """``states.index_select(-2, index)`` for an increasing ``index``, copied run by run; into
+    ``out`` (a tensor, or a view, of the result's shape) when given, so a caller that copies the
+    columns somewhere copies them once.
 
     A row's valid KV columns are a few contiguous runs (its cached prefix, its new tokens, its
     generated ones); copying each run as a slice is a plain memory copy, where ``index_select``
@@ -183,11 +185,22 @@ def gather_columns(states: Any, index: Any) -> Any:
     import torch
 
     columns = index.cpu().numpy()
-    if not len(columns):
-        return states[..., :0, :].clone()
     cuts = np.flatnonzero(np.diff(columns) != 1) + 1
-    runs = [states[..., int(run[0]) : int(run[-1]) + 1, :] for run in np.split(columns, cuts)]
-    return torch.cat(runs, dim=-2) if len(runs) > 1 else runs[0].clone(memory_format=torch.contiguous_format)
+    runs = [states[..., int(run[0]) : int(run[-1]) + 1, :] for run in np.split(columns, cuts) if len(run)]
+    if out is None:
+        if len(runs) == 1:
+            return runs[0].clone(memory_format=torch.contiguous_format)
+        return torch.cat(runs, dim=-2) if runs else states[..., :0, :].clone()
+    if len(columns) != out.shape[-2]:
+        raise ValueError(
+            f"gather_columns: out must hold the {len(columns)} columns the index selects, "
+            f"got {out.shape[-2]}; pass an out as wide as the index"
+        )
+    at = 0
+    for run in runs:
+        out[..., at : at + run.shape[-2], :].copy_(run)
+        at += run.shape[-2]
+    return out
 
 
 @dataclass(eq=False)

@@ -197,8 +197,8 @@ class StreamingDecoder:
             # each row right-aligned before the cursor without the prefill's padding, so the buffer
             # is as wide as its longest row, not as the prefill's cached prefix plus its longest tail
             index = info["valid"][b].nonzero().squeeze(1)
-            states = _kv.gather_columns(kv.buf[:, :, b], index)
-            self.buf[:, :, n + b, :, cursor - len(prompt) : cursor].copy_(states)
+            row = self.buf[:, :, n + b, :, cursor - len(prompt) : cursor]
+            _kv.gather_columns(kv.buf[:, :, b], index, out=row)
             self.valid[n + b] = False
             self.valid[n + b, cursor - len(prompt) : cursor] = True
             sampling, generator = queued.sampling, None

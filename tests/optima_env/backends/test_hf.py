@@ -146,6 +146,11 @@ def test_gather_columns_copies_what_index_select_gathers() -> None:
         gathered = _kv.gather_columns(states, index)
         assert torch.equal(gathered, states.index_select(3, index))
         assert gathered.is_contiguous() and (not columns or gathered.data_ptr() != states.data_ptr())
+        into = torch.zeros(2, 2, 3, len(columns) + 2, 4)[..., 1:-1, :]  # a view, as a buffer's row
+        assert _kv.gather_columns(states, index, out=into) is into
+        assert torch.equal(into, gathered)
+    with pytest.raises(ValueError, match="hold the 3 columns the index selects, got 2"):
+        _kv.gather_columns(states, torch.tensor([1, 2, 3]), out=torch.zeros(2, 2, 3, 2, 4))
 
 
 def test_arena_hands_out_its_memory_again_and_grows_when_asked_for_more() -> None:
